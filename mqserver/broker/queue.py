@@ -1,0 +1,149 @@
+# -*- test-case-name: tests.unit.test_broker -*-
+"""The broker's records: queues, consumers and client connections."""
+
+from __future__ import annotations
+
+from bisect import insort
+from collections import deque
+from collections.abc import Iterable
+from typing import Any
+
+from mqserver.model import Message, QueueOptions
+
+
+class Queue:
+    """FIFO of ready messages plus the consumers that drain it.
+
+    In-flight messages are held by their consumer (``Consumer.unacked``), not
+    here: settling is always done through a consumer.  Counters only ever
+    grow; rates are differences between two reads.
+    """
+
+    __slots__ = (
+        "acked",
+        "consumers",
+        "created_at",
+        "dead_lettered",
+        "deleted",
+        "delivered",
+        "enqueued",
+        "expired",
+        "name",
+        "options",
+        "ready",
+        "rejected",
+        "requeued",
+        "rr",
+        "ttl_ready",
+        "unused_timer",
+    )
+
+    def __init__(self, name: bytes, options: QueueOptions, created_at: float) -> None:
+        self.name = name
+        self.options = options
+        self.created_at = created_at
+        self.ready: deque[Message] = deque()
+        self.consumers: list[Consumer] = []
+        self.rr = 0
+        # ready messages carrying an expiry; lets the TTL sweep skip queues
+        self.ttl_ready = 0
+        self.unused_timer: Any = None
+        self.deleted = False
+        self.enqueued = self.delivered = self.acked = self.rejected = 0
+        self.requeued = self.expired = self.dead_lettered = 0
+
+    def restore(self, messages: Iterable[Message]) -> None:
+        """Put messages back where their seq says they belong.
+
+        The common case (all older than the head, e.g. a disconnect returning
+        what was delivered first) is O(k) at the left end; anything else falls
+        back to an ordered insert.
+        """
+        ready = self.ready
+        for message in sorted(messages, key=_seq, reverse=True):
+            if message.expires_at is not None:
+                self.ttl_ready += 1
+            if not ready or message.seq < ready[0].seq:
+                ready.appendleft(message)
+            elif message.seq > ready[-1].seq:
+                ready.append(message)
+            else:
+                insort(ready, message, key=_seq)
+
+    def in_flight(self) -> int:
+        return sum(len(consumer.unacked) for consumer in self.consumers)
+
+    def oldest_ready_age(self, now: float) -> float:
+        return now - self.ready[0].created_at if self.ready else 0.0
+
+    def __repr__(self) -> str:
+        return f"<Queue {self.name!r} ready={len(self.ready)} consumers={len(self.consumers)}>"
+
+
+def _seq(message: Message) -> int:
+    return message.seq
+
+
+class Consumer:
+    """A subscription of one connection to one queue.
+
+    ``window`` caps unacked deliveries (None: unlimited).  ``unacked`` keeps
+    delivery order, which is the order messages go back in.
+    """
+
+    __slots__ = (
+        "acked",
+        "active",
+        "connection",
+        "delivered",
+        "id",
+        "manual_ack",
+        "paused",
+        "queue",
+        "sink",
+        "unacked",
+        "window",
+    )
+
+    def __init__(
+        self,
+        id: bytes,
+        queue: Queue,
+        connection: Connection,
+        window: int | None,
+        manual_ack: bool,
+    ) -> None:
+        self.id = id
+        self.queue = queue
+        self.connection = connection
+        self.sink = connection.sink
+        self.window = window
+        self.manual_ack = manual_ack
+        self.unacked: dict[bytes, Message] = {}
+        self.paused = connection.paused
+        self.active = True
+        self.delivered = self.acked = 0
+
+    def has_credit(self) -> bool:
+        return not self.paused and (self.window is None or len(self.unacked) < self.window)
+
+    def __repr__(self) -> str:
+        return f"<Consumer {self.id!r} on {self.queue.name!r} unacked={len(self.unacked)}>"
+
+
+class Connection:
+    """One client connection, whatever its protocol."""
+
+    __slots__ = ("consumers", "id", "opened_at", "paused", "peer", "protocol", "sink")
+
+    def __init__(self, id: int, protocol: str, peer: str, sink: Any, opened_at: float) -> None:
+        self.id = id
+        self.protocol = protocol
+        self.peer = peer
+        self.sink = sink
+        self.opened_at = opened_at
+        self.paused = False
+        self.consumers: dict[bytes, Consumer] = {}
+
+    def __repr__(self) -> str:
+        return f"<Connection {self.id} {self.protocol} {self.peer}>"

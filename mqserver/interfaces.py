@@ -1,0 +1,147 @@
+# -*- test-case-name: tests.unit.test_interfaces -*-
+"""The seams of mqserver: storage backends, wire protocols, and the broker they share.
+
+Third parties implement ``IStoragePlugin`` or ``IProtocolPlugin`` in a module of
+their own ``twisted/plugins/`` package; ``twistd mqserver`` finds them with
+``twisted.plugin.getPlugins``.
+"""
+
+from __future__ import annotations
+
+from zope.interface import Attribute, Interface
+
+
+class IMessageStore(Interface):
+    """Makes the broker's state durable and rebuilds it at start.
+
+    The broker's in-memory state is authoritative while it runs; the store
+    receives every state change as a batch of operations (see
+    ``mqserver.model`` for the op tuples) and replays them at start.  Calls are
+    never concurrent: the broker waits for one ``apply`` to fire before it
+    sends the next batch, which is how batches become group commits.
+    """
+
+    durable = Attribute(
+        "bool: True when what ``apply`` accepted survives a process crash. "
+        "The broker sends no ops at all to a store that is not durable."
+    )
+
+    def open():
+        """Open (or create) the store and read back its state.
+
+        :return: Deferred firing with a ``mqserver.model.Recovered``: every
+            queue with its options, bindings and ready messages in seq order
+            (messages that were in flight when the process stopped come back
+            ready), and the next free seq.  Fails if the store cannot be used
+            (locked, corrupt beyond repair, unwritable).
+        """
+
+    def apply(ops):
+        """Apply one batch of operations atomically and durably.
+
+        :param ops: a list of op tuples, in the order the broker made them.
+        :return: Deferred firing with None once the whole batch is as durable
+            as the store promises; a failure means none of it can be trusted
+            to be.
+        """
+
+    def close():
+        """Flush and release everything.  :return: Deferred firing with None."""
+
+
+class IStoragePlugin(Interface):
+    """A storage backend ``--storage NAME`` can choose."""
+
+    name = Attribute("str: the value of --storage that selects this backend.")
+    description = Attribute("str: one line for --help.")
+    options = Attribute(
+        "list of twisted.python.usage optParameters rows "
+        "[long, short, default, help] this backend adds to twistd mqserver."
+    )
+
+    def build_store(config, reactor):
+        """Make the store (do not open it yet).
+
+        :param config: the parsed ``twistd mqserver`` options, a mapping.
+        :param reactor: the reactor (also the clock) the store must use.
+        :return: an ``IMessageStore`` provider.
+        """
+
+
+class IProtocolPlugin(Interface):
+    """A wire protocol ``--protocol NAME[:ENDPOINT]`` can choose."""
+
+    name = Attribute("str: the value of --protocol that selects it.")
+    description = Attribute("str: one line for --help.")
+    default_endpoint = Attribute(
+        "str: server endpoint description used when none is given, "
+        "e.g. 'tcp:25000:interface=127.0.0.1'."
+    )
+    options = Attribute("list of optParameters rows this protocol adds.")
+
+    def build_factory(broker, config):
+        """Make the factory for listening connections.
+
+        :param broker: the ``IBroker`` every connection talks to.
+        :param config: the parsed ``twistd mqserver`` options, a mapping.
+        :return: an ``IProtocolFactory`` provider.
+        """
+
+
+class IDeliverySink(Interface):
+    """Where the broker hands messages for a consumer: a protocol connection."""
+
+    def deliver(consumer, message):
+        """Send ``message`` to ``consumer``'s client now (buffered per turn).
+
+        Called synchronously by the broker's dispatch loop; must not call back
+        into the broker.
+        """
+
+    def consumer_updated(consumer, text):
+        """Tell the client something about its consumer changed (MQKS --update)."""
+
+
+class IBroker(Interface):
+    """The queue core as protocols and the HTTP API see it.
+
+    Names and ids are bytes.  Operations that change state take effect at once
+    in memory; the ones that return a Deferred fire it when the change is
+    durable (immediately with a non-durable store).
+    """
+
+    clock = Attribute("IReactorTime the broker schedules on.")
+    queues = Attribute("dict[bytes, Queue]: read-only view for stats.")
+
+    def connection_opened(protocol, peer, sink):
+        """Register a client connection. :return: a ``Connection`` record."""
+
+    def connection_closed(connection):
+        """Cancel every consumer of the connection, requeuing its unacked messages."""
+
+    def publish_event(event, message_id, body, headers=None, ttl=None, source=None):
+        """Copy a message into every queue bound to ``event`` (exact or mask).
+
+        :return: the number of queues it went to.
+        """
+
+    def publish_to_queue(queue, message_id, body, headers=None, ttl=None, source=None):
+        """Append a message to one queue, creating the queue if needed."""
+
+    def durable():
+        """:return: Deferred firing with None when everything done so far is durable."""
+
+    def consume(connection, consumer_id, queue, window=None, manual_ack=True):
+        """Start a consumer on ``queue``. :return: the ``Consumer``."""
+
+    def cancel(consumer, requeue=True):
+        """Stop a consumer; its unacked messages go back in their original order."""
+
+    def ack(consumer, message_id):
+        """Settle one delivery. :return: True if the consumer held it."""
+
+    def reject(consumer, message_id):
+        """Put a delivery back at the queue's tail with retry + 1. :return: bool."""
+
+    def dead_letter(consumer, message_id, reason):
+        """Remove a delivery, moving it to the queue's dead-letter target if any."""

@@ -1,0 +1,1 @@
+"""Wire protocols: each parses bytes and calls the broker, nothing more."""

@@ -1,0 +1,1 @@
+"""MQKS: ``{request_id} {action} {data}`` text lines (see docs/protocols/mqks.md)."""

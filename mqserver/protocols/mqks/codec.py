@@ -1,0 +1,210 @@
+# -*- test-case-name: tests.unit.test_mqks_codec -*-
+"""MQKS encoding and argument parsing: pure functions, no I/O.
+
+Formats follow the original server byte for byte (see docs/protocols/mqks.md):
+a bare confirm is ``{id} ok `` with a trailing space, errors carry a
+24-character error id, numbers in ``--update`` are Python float reprs.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from mqserver.model import Message
+
+CONFIRM = b"--confirm"
+DQWU = b"--delete-queue-when-unused"
+MANUAL_ACK = b"--manual-ack"
+ALL = b"--all"
+_ALNUM = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+
+
+class MQKSError(ValueError):
+    """A request the server answers with ``{id} error {eid}``."""
+
+
+def error_id(now: float, random: bytes | None = None) -> bytes:
+    """20 digits of UTC date-time with microseconds, then 4 random characters."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%d%H%M%S%f").encode("ascii")
+    random = random if random is not None else os.urandom(4)
+    return stamp + bytes(_ALNUM[b % len(_ALNUM)] for b in random[:4])
+
+
+def split_confirm(data: bytes) -> tuple[bool, bytes]:
+    """``--confirm`` counts only as the first argument."""
+    if data.startswith(b"--confirm "):
+        return True, data[10:]
+    if data == CONFIRM:
+        return True, b""
+    return False, data
+
+
+def escape_body(body: bytes) -> bytes:
+    """Make a body from another protocol fit on one MQKS line.
+
+    MQKS has no escaping; bodies published over MQKS never contain a newline.
+    Bodies from PHPMQ, eMQP or HTTP may, so newlines and carriage returns are
+    written as JSON-style ``\\n``/``\\r`` (and backslashes doubled).
+    """
+    if b"\n" not in body and b"\r" not in body:
+        return body
+    return body.replace(b"\\", b"\\\\").replace(b"\n", b"\\n").replace(b"\r", b"\\r")
+
+
+def delivery(consumer_id: bytes, message: Message) -> bytes:
+    event = message.event if message.event is not None else message.queue
+    body = escape_body(message.body)
+    if message.retry:
+        return b"%s ok %s event=%s,retry=%d %s\n" % (
+            consumer_id, message.id, event, message.retry, body,
+        )
+    return b"%s ok %s event=%s %s\n" % (consumer_id, message.id, event, body)
+
+
+def format_seconds(value: float) -> bytes:
+    return repr(float(value)).encode("ascii")
+
+
+def update_line(
+    consumer_id: bytes,
+    queue: bytes,
+    events: set[bytes],
+    delete_when_unused: float | None,
+    bare: bool,
+    manual_ack: bool,
+) -> bytes:
+    parts = [consumer_id, b" ok --update ", queue]
+    if events:
+        parts += [b" ", b" ".join(sorted(events))]
+    if delete_when_unused is not None:
+        parts.append(b" " + DQWU)
+        if not bare:
+            parts += [b"=", format_seconds(delete_when_unused)]
+    if manual_ack:
+        parts.append(b" " + MANUAL_ACK)
+    parts.append(b"\n")
+    return b"".join(parts)
+
+
+@dataclass
+class ConsumeArgs:
+    confirm: bool
+    queue: bytes
+    replace: list[bytes] = field(default_factory=list)
+    add: list[bytes] = field(default_factory=list)
+    delete_when_unused: float | None = None
+    bare: bool = False
+    manual_ack: bool = False
+    has_add: bool = False
+
+
+def parse_consume(data: bytes) -> ConsumeArgs:
+    """``[--confirm] {queue} [ev…] [--add ev…] [--delete-queue-when-unused[=s]] [--manual-ack]``"""
+    confirm, data = split_confirm(data)
+    args = ConsumeArgs(confirm, b"")
+    target = args.replace
+    for part in data.split(b" "):
+        if not part:
+            continue
+        if part.startswith(b"--"):
+            if part == DQWU:
+                args.delete_when_unused, args.bare = 0.0, True
+            elif part.startswith(DQWU + b"="):
+                args.delete_when_unused, args.bare = parse_seconds(part[len(DQWU) + 1 :]), False
+            elif part == MANUAL_ACK:
+                args.manual_ack = True
+            elif part == b"--add":
+                target = args.add
+                args.has_add = True
+            else:
+                raise MQKSError(f"unknown consume flag {part!r}")
+        elif not args.queue:
+            args.queue = part
+        else:
+            target.append(part)
+    if not args.queue:
+        raise MQKSError("consume needs a queue")
+    return args
+
+
+def parse_seconds(text: bytes) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise MQKSError(f"bad number of seconds {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise MQKSError(f"bad number of seconds {text!r}")
+    return value
+
+
+@dataclass
+class RebindArgs:
+    confirm: bool
+    queue: bytes
+    replace: list[bytes] = field(default_factory=list)
+    remove: list[bytes] = field(default_factory=list)
+    remove_mask: list[bytes] = field(default_factory=list)
+    add: list[bytes] = field(default_factory=list)
+
+    @property
+    def remove_all(self) -> bool:
+        return not (self.replace or self.remove or self.remove_mask or self.add)
+
+
+_REBIND_FLAGS = {b"--remove": "remove", b"--remove-mask": "remove_mask", b"--add": "add"}
+
+
+def parse_rebind(data: bytes) -> RebindArgs:
+    """``[--confirm] {queue} [ev…] [--remove ev…] [--remove-mask m…] [--add ev…]``"""
+    confirm, data = split_confirm(data)
+    queue, _, rest = data.partition(b" ")
+    if not queue or queue.startswith(b"--"):
+        raise MQKSError("rebind needs a queue")
+    args = RebindArgs(confirm, queue)
+    target = args.replace
+    for part in rest.split(b" "):
+        if not part:
+            continue
+        if part.startswith(b"--"):
+            attr = _REBIND_FLAGS.get(part)
+            if attr is None:
+                raise MQKSError(f"unknown rebind flag {part!r}")
+            target = getattr(args, attr)
+        else:
+            target.append(part)
+    return args
+
+
+def parse_settle(data: bytes) -> tuple[bool, bytes, bytes]:
+    """``[--confirm] {consumer_id} {msg_id|--all}`` for ack and reject."""
+    confirm, data = split_confirm(data)
+    parts = data.split(b" ")
+    if len(parts) != 2 or not parts[0] or not parts[1]:
+        raise MQKSError("expected a consumer id and a message id or --all")
+    return confirm, parts[0], parts[1]
+
+
+def parse_single(data: bytes, what: str) -> tuple[bool, bytes]:
+    """``[--confirm] {name}`` for delete_consumer and delete_queue."""
+    confirm, data = split_confirm(data)
+    if not data or b" " in data:
+        raise MQKSError(f"expected one {what}")
+    return confirm, data
+
+
+def parse_eval(data: bytes) -> tuple[int | None, str]:
+    """``[--worker=n] {code}``"""
+    worker = None
+    if data.startswith(b"--worker="):
+        flag, _, data = data.partition(b" ")
+        try:
+            worker = int(flag[9:])
+        except ValueError:
+            raise MQKSError(f"bad worker {flag!r}") from None
+    try:
+        return worker, data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise MQKSError("_eval code is not UTF-8") from None

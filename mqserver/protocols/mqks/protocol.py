@@ -1,0 +1,332 @@
+# -*- test-case-name: tests.unit.test_mqks_protocol -*-
+"""The MQKS server protocol: parse request lines, call the broker, write replies.
+
+Parsing is one ``split`` per ``dataReceived`` chunk with dispatch through a
+dict of bound methods; replies and deliveries are buffered and written once
+per chunk (or once per reactor turn for deliveries), never once per line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mqserver.broker.queue import Consumer
+from mqserver.interfaces import IDeliverySink
+from mqserver.model import Message
+from mqserver.protocols.mqks import codec
+from mqserver.protocols.mqks.codec import MQKSError
+from mqserver.protocols.mqks.evaluator import EvalError, safe_eval, stats_names
+
+log = Logger()
+
+
+class MQKSFactory(Factory):
+    """Shared by every MQKS connection: consumer ids are global, as in the original."""
+
+    def __init__(self, broker: Any, max_line: int = 16 * 1024 * 1024) -> None:
+        self.broker = broker
+        self.max_line = max_line
+        self.consumers: dict[bytes, Consumer] = {}
+        self.workers: list[str] = []
+
+    def buildProtocol(self, addr: Any) -> MQKSProtocol:
+        protocol = MQKSProtocol(self)
+        protocol.factory = self
+        return protocol
+
+    def consumer(self, consumer_id: bytes) -> Consumer | None:
+        """The live consumer with this id (one removed by delete_queue is gone)."""
+        consumer = self.consumers.get(consumer_id)
+        if consumer is not None and not consumer.active:
+            del self.consumers[consumer_id]
+            return None
+        return consumer
+
+
+@implementer(IDeliverySink, IPushProducer)
+class MQKSProtocol(Protocol):
+    def __init__(self, factory: MQKSFactory) -> None:
+        self.factory = factory
+        self.broker = factory.broker
+        self.max_line = factory.max_line
+        self.connection: Any = None
+        self._pending: list[bytes] = []
+        self._pending_size = 0
+        self._out: list[bytes] = []
+        self._flush_call: Any = None
+        self._receiving = False
+        self._closing = False
+        self._actions = {
+            b"publish": self._publish,
+            b"consume": self._consume,
+            b"rebind": self._rebind,
+            b"ack": self._ack,
+            b"reject": self._reject,
+            b"delete_consumer": self._delete_consumer,
+            b"delete_queue": self._delete_queue,
+            b"ping": self._ping,
+            b"_eval": self._eval,
+        }
+
+    # -- connection ---------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        peer_text = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        self.connection = self.broker.connection_opened("mqks", peer_text, self)
+        self.transport.registerProducer(self, True)
+        log.info("mqks connection {id} opened from {peer}", id=self.connection.id, peer=peer_text)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        self._out = []
+        if self.connection is None:
+            return
+        for consumer_id, consumer in list(self.connection.consumers.items()):
+            if self.factory.consumers.get(consumer_id) is consumer:
+                del self.factory.consumers[consumer_id]
+        self.broker.connection_closed(self.connection)
+        log.info(
+            "mqks connection {id} closed: {reason}",
+            id=self.connection.id,
+            reason=reason.getErrorMessage(),
+        )
+
+    # IPushProducer: the transport's buffer is full or drained
+    def pauseProducing(self) -> None:
+        self.broker.pause(self.connection)
+
+    def resumeProducing(self) -> None:
+        self.broker.resume(self.connection)
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- parsing ------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        if b"\n" not in data:
+            self._pending.append(data)
+            self._pending_size += len(data)
+            if self._pending_size > self.max_line:
+                self._line_too_long()
+            return
+        if self._pending:
+            self._pending.append(data)
+            data = b"".join(self._pending)
+            self._pending = []
+        lines = data.split(b"\n")
+        rest = lines.pop()
+        self._pending_size = len(rest)
+        if rest:
+            self._pending.append(rest)
+        self._receiving = True
+        try:
+            for line in lines:
+                if len(line) > self.max_line:
+                    self._line_too_long()
+                    return
+                self._request(line)
+            if self._pending_size > self.max_line:
+                self._line_too_long()
+        finally:
+            self._receiving = False
+            self._flush()
+
+    def _request(self, line: bytes) -> None:
+        parts = line.rstrip().split(b" ", 2)
+        if len(parts) != 3:
+            self._error(b"None", "a request needs an id, an action and data")
+            return
+        request_id, action, data = parts
+        handler = self._actions.get(action)
+        if handler is None:
+            self._error(request_id, f"unknown action {action!r}")
+            return
+        try:
+            handler(request_id, data)
+        except (MQKSError, EvalError) as e:
+            self._error(request_id, str(e))
+        except Exception:
+            log.failure("mqks {action} failed", action=action)
+            self._error(request_id, "internal error")
+
+    def _line_too_long(self) -> None:
+        self._pending = []
+        self._pending_size = 0
+        self._error(b"None", f"request line longer than {self.max_line} bytes")
+        self._flush()
+        self._closing = True
+        self.transport.loseConnection()
+
+    # -- output -------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        self._out.append(data)
+        if not self._receiving and self._flush_call is None:
+            self._flush_call = self.broker.clock.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if self._out:
+            out, self._out = self._out, []
+            self.transport.write(b"".join(out))
+
+    def _error(self, request_id: bytes, detail: str) -> None:
+        eid = codec.error_id(self.broker.clock.seconds())
+        log.warn(
+            "mqks error {eid} on connection {conn} for request {rid!r}: {detail}",
+            eid=eid.decode("ascii"),
+            conn=self.connection.id if self.connection else None,
+            rid=request_id,
+            detail=detail,
+        )
+        self._write(b"%s error %s\n" % (request_id, eid))
+
+    def _ok(self, request_id: bytes, data: bytes = b"") -> None:
+        self._write(b"%s ok %s\n" % (request_id, data))
+
+    def _confirm(self, request_id: bytes) -> None:
+        """``ok `` once everything this request changed is durable."""
+        d = self.broker.durable()
+        if d.called:
+            d.addErrback(self._confirm_failed, request_id)
+            self._ok(request_id)
+            return
+        d.addCallbacks(lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,))
+
+    def _confirm_failed(self, failure: Failure, request_id: bytes) -> None:
+        self._error(request_id, f"storage failed: {failure.getErrorMessage()}")
+
+    # -- IDeliverySink ------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, message: Message) -> None:
+        self._write(codec.delivery(consumer.id, message))
+
+    def queue_changed(self, consumer: Consumer) -> None:
+        queue = consumer.queue
+        options = queue.options
+        events = set() if queue.deleted else self.broker.bindings.events_of(queue.name)
+        self._write(
+            codec.update_line(
+                consumer.id,
+                queue.name,
+                events,
+                options.delete_when_unused,
+                options.delete_when_unused_bare,
+                consumer.manual_ack,
+            )
+        )
+
+    # -- actions ------------------------------------------------------------
+
+    def _publish(self, request_id: bytes, data: bytes) -> None:
+        confirm = data[:10] == b"--confirm "
+        if confirm:
+            data = data[10:]
+        event, _, body = data.partition(b" ")
+        if not event or not body:
+            raise MQKSError("publish needs an event and data")
+        self.broker.publish_event(event, request_id, body, None, None, "mqks")
+        if confirm:
+            self._confirm(request_id)
+
+    def _consume(self, consumer_id: bytes, data: bytes) -> None:
+        args = codec.parse_consume(data)
+        broker = self.broker
+        old = self.factory.consumer(consumer_id)
+        if old is not None:
+            broker.cancel(old)
+        queue = broker.declare_queue(args.queue)
+        options = dataclasses.replace(
+            queue.options,
+            delete_when_unused=args.delete_when_unused,
+            delete_when_unused_bare=args.bare,
+        )
+        consumer = broker.consume(
+            self.connection, consumer_id, args.queue, window=None, manual_ack=args.manual_ack
+        )
+        self.factory.consumers[consumer_id] = consumer
+        broker.reconfigure(
+            args.queue,
+            replace=args.replace or None,
+            add=args.add,
+            options=options,
+            notify_except=None if args.has_add else consumer,
+        )
+        if args.confirm:
+            self._confirm(consumer_id)
+
+    def _rebind(self, request_id: bytes, data: bytes) -> None:
+        args = codec.parse_rebind(data)
+        if args.remove_all:
+            self.broker.reconfigure(args.queue, remove=self.broker.bindings.events_of(args.queue))
+        else:
+            self.broker.reconfigure(
+                args.queue,
+                replace=args.replace or None,
+                remove=args.remove,
+                remove_masks=args.remove_mask,
+                add=args.add,
+            )
+        if args.confirm:
+            self._confirm(request_id)
+
+    def _settle(self, request_id: bytes, data: bytes, one: Any, every: Any) -> None:
+        confirm, consumer_id, message_id = codec.parse_settle(data)
+        consumer = self.factory.consumer(consumer_id)
+        if consumer is None:
+            return  # the original answers nothing here, even with --confirm
+        if message_id == codec.ALL:
+            every(consumer)
+        else:
+            one(consumer, message_id)
+        if confirm:
+            self._confirm(request_id)
+
+    def _ack(self, request_id: bytes, data: bytes) -> None:
+        self._settle(request_id, data, self.broker.ack, self.broker.ack_all)
+
+    def _reject(self, request_id: bytes, data: bytes) -> None:
+        self._settle(request_id, data, self.broker.reject, self.broker.reject_all)
+
+    def _delete_consumer(self, request_id: bytes, data: bytes) -> None:
+        confirm, consumer_id = codec.parse_single(data, "consumer id")
+        consumer = self.factory.consumer(consumer_id)
+        if consumer is None:
+            return
+        del self.factory.consumers[consumer_id]
+        self.broker.cancel(consumer)
+        if confirm:
+            self._confirm(request_id)
+
+    def _delete_queue(self, request_id: bytes, data: bytes) -> None:
+        confirm, queue = codec.parse_single(data, "queue")
+        self.broker.delete_queue(queue)
+        if confirm:
+            self._confirm(request_id)
+
+    def _ping(self, request_id: bytes, data: bytes) -> None:
+        self._ok(request_id, data)
+
+    def _eval(self, request_id: bytes, data: bytes) -> None:
+        worker, code = codec.parse_eval(data)
+        if worker not in (None, 0):
+            raise MQKSError(f"no worker {worker}: this server is worker 0 of 1")
+        names = stats_names(
+            self.broker, self.factory.consumers, self.connection.id, request_id,
+            self.factory.workers,
+        )
+        result = str(safe_eval(code, names)).encode("utf-8", "surrogateescape")
+        self._ok(request_id, codec.escape_body(result))

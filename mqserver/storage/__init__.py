@@ -1,0 +1,1 @@
+"""Storage backends: each an ``IMessageStore``, chosen with ``--storage``."""

@@ -1,0 +1,156 @@
+# -*- test-case-name: tests.unit.test_tap -*-
+"""``twistd mqserver``: options and ``makeService``.
+
+Protocols and storage backends are plugins (``IProtocolPlugin``,
+``IStoragePlugin``) found with ``twisted.plugin.getPlugins``, so a third party
+adds one by shipping a module in its own ``twisted/plugins/``.  Their extra
+options are merged into ``Options`` when this module is imported.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.application.service import IService, Service
+from twisted.internet import endpoints
+from twisted.logger import Logger
+from twisted.plugin import getPlugins
+from twisted.python import usage
+
+log = Logger()
+
+
+def available_protocols() -> dict[str, Any]:
+    from mqserver.interfaces import IProtocolPlugin
+
+    return {plugin.name: plugin for plugin in getPlugins(IProtocolPlugin)}
+
+
+def available_storage() -> dict[str, Any]:
+    from mqserver.interfaces import IStoragePlugin
+
+    return {plugin.name: plugin for plugin in getPlugins(IStoragePlugin)}
+
+
+def _plugin_options(*registries: dict[str, Any]) -> list[list[Any]]:
+    seen: set[str] = set()
+    rows = []
+    for registry in registries:
+        for name in sorted(registry):
+            for row in registry[name].options:
+                if row[0] not in seen:
+                    seen.add(row[0])
+                    rows.append(list(row))
+    return rows
+
+
+_PROTOCOLS = available_protocols()
+_STORAGE = available_storage()
+
+
+class Options(usage.Options):
+    synopsis = "[--protocol NAME[:ENDPOINT]]... [--storage NAME] [options]"
+    longdesc = (
+        "Runs the mqserver broker.  With no --protocol, every built-in protocol "
+        "listens on its default endpoint (bound to 127.0.0.1).  Protocols: "
+        + ", ".join(f"{n} ({p.default_endpoint})" for n, p in sorted(_PROTOCOLS.items()))
+        + ".  Storage backends: "
+        + ", ".join(f"{n} ({p.description})" for n, p in sorted(_STORAGE.items()))
+        + "."
+    )
+    optParameters = [
+        ["storage", "s", "memory", "Storage backend: " + ", ".join(sorted(_STORAGE)) + "."],
+        ["data-dir", "d", "data", "Directory for durable storage backends."],
+        ["ttl-interval", None, 1.0, "Seconds between sweeps for expired messages.", float],
+        ["dispatch-batch", None, 1024,
+         "Most messages one queue dispatches per reactor turn.", int],
+        *_plugin_options(_PROTOCOLS, _STORAGE),
+    ]
+    optFlags = [
+        ["no-gc-tuning", None, "Do not freeze start-up objects or raise the GC threshold."],
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self["protocols"] = []
+
+    def opt_protocol(self, value: str) -> None:
+        """Listen with protocol NAME on ENDPOINT (a Twisted endpoint string,
+        e.g. mqks:tcp:25000:interface=127.0.0.1); repeatable.  Without an
+        endpoint the protocol's default is used."""
+        name, _, endpoint = value.partition(":")
+        if name not in _PROTOCOLS:
+            raise usage.UsageError(
+                f"unknown protocol {name!r}; available: {', '.join(sorted(_PROTOCOLS))}"
+            )
+        self["protocols"].append((name, endpoint or _PROTOCOLS[name].default_endpoint))
+
+    opt_p = opt_protocol
+
+    def postOptions(self) -> None:
+        if self["storage"] not in _STORAGE:
+            raise usage.UsageError(
+                f"unknown storage {self['storage']!r}; available: {', '.join(sorted(_STORAGE))}"
+            )
+        if not self["protocols"]:
+            self["protocols"] = [
+                (name, plugin.default_endpoint) for name, plugin in sorted(_PROTOCOLS.items())
+            ]
+
+
+class Listener(Service):
+    """Listens on one endpoint and logs the address it got (ephemeral ports included)."""
+
+    def __init__(self, protocol: str, endpoint: Any, factory: Any, reactor: Any) -> None:
+        self.protocol = protocol
+        self.endpoint = endpoint
+        self.factory = factory
+        self.reactor = reactor
+        self.port: Any = None
+
+    def startService(self) -> None:
+        super().startService()
+        d = self.endpoint.listen(self.factory)
+        d.addCallbacks(self._listening, self._failed)
+
+    def _listening(self, port: Any) -> None:
+        self.port = port
+        address = port.getHost()
+        log.info(
+            "{protocol} listening on {host}:{port}",
+            protocol=self.protocol,
+            host=getattr(address, "host", address),
+            port=getattr(address, "port", ""),
+        )
+
+    def _failed(self, failure: Any) -> None:
+        log.failure("{protocol} could not listen", failure, protocol=self.protocol)
+        if getattr(self.reactor, "running", False):
+            self.reactor.stop()
+
+    def stopService(self) -> Any:
+        super().stopService()
+        if self.port is not None:
+            port, self.port = self.port, None
+            return port.stopListening()
+        return None
+
+
+def makeService(config: Options, reactor: Any = None) -> IService:
+    if reactor is None:
+        from twisted.internet import reactor as default_reactor
+
+        reactor = default_reactor
+    from mqserver.broker.core import Broker
+    from mqserver.broker.service import BrokerService
+
+    store = _STORAGE[config["storage"]].build_store(config, reactor)
+    broker = Broker(store, reactor, dispatch_batch=config["dispatch-batch"])
+    service = BrokerService(
+        broker, ttl_interval=config["ttl-interval"], tune_gc=not config["no-gc-tuning"]
+    )
+    for name, description in config["protocols"]:
+        factory = _PROTOCOLS[name].build_factory(broker, config)
+        endpoint = endpoints.serverFromString(reactor, description)
+        Listener(name, endpoint, factory, reactor).setServiceParent(service)
+    return service

@@ -1,0 +1,47 @@
+"""Packaging for mqserver.
+
+Packages are listed explicitly: ``find_packages`` would miss
+``twisted.plugins`` (which must never get an ``__init__.py``), and without it
+``twistd`` cannot find the ``mqserver`` plugin.
+"""
+
+from setuptools import setup
+
+setup(
+    name="mqserver",
+    version="0.1.0",
+    description="A Twisted message broker speaking MQKS, PHPMQ and eMQP over one queue core",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.11",
+    packages=[
+        "mqserver",
+        "mqserver.broker",
+        "mqserver.storage",
+        "mqserver.protocols",
+        "mqserver.protocols.mqks",
+        "twisted.plugins",
+    ],
+    install_requires=[
+        "Twisted>=24.7",
+        "zope.interface>=6",
+    ],
+    extras_require={
+        "test": [
+            "pytest>=8",
+            "pytest-twisted>=1.14",
+            "pytest-timeout>=2.3",
+            "hypothesis>=6.100",
+            "ruff>=0.6",
+            "setuptools>=68",
+            "wheel",
+            "tox>=4",
+        ],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Networking",
+    ],
+)

@@ -1,0 +1,301 @@
+"""The queue core on a fake clock: routing, dispatch, settling, lifecycle."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+
+from mqserver.broker.core import Broker
+from mqserver.model import QueueOptions
+from mqserver.storage.memory import MemoryStore
+from mqserver.testing import RecordingSink
+
+
+def connect(broker: Broker, sink: RecordingSink | None = None):
+    sink = sink or RecordingSink()
+    return broker.connection_opened("test", "127.0.0.1:1", sink), sink
+
+
+def test_publish_event_copies_to_every_bound_queue(broker, clock):
+    broker.reconfigure(b"q1", replace=[b"e1"])
+    broker.reconfigure(b"q2", replace=[b"e1", b"e2"])
+    assert broker.publish_event(b"e1", b"m1", b"d") == 2
+    assert broker.publish_event(b"e2", b"m2", b"d") == 1
+    assert broker.publish_event(b"nobody", b"m3", b"d") == 0
+    assert [len(broker.queues[q].ready) for q in (b"q1", b"q2")] == [1, 2]
+    assert broker.unroutable == 1
+    assert broker.queued == 3
+
+
+def test_mask_bindings_route(broker):
+    broker.reconfigure(b"q", replace=[b"user.*.connected", b"*.deleted"])
+    for event in (b"user.1.connected", b"user..connected", b"post.deleted"):
+        assert broker.publish_event(event, b"m", b"d") == 1, event
+    for event in (b"user.1.2.connected", b"user.connected", b"a.b.deleted"):
+        assert broker.publish_event(event, b"m", b"d") == 0, event
+
+
+def test_round_robin_and_fifo(broker, clock):
+    conn_a, a = connect(broker)
+    conn_b, b = connect(broker)
+    broker.consume(conn_a, b"a", b"q", manual_ack=False)
+    broker.consume(conn_b, b"b", b"q", manual_ack=False)
+    for n in range(6):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"%d" % n)
+    clock.advance(0)
+    assert a.bodies() == [b"0", b"2", b"4"]
+    assert b.bodies() == [b"1", b"3", b"5"]
+
+
+def test_queue_buffers_without_consumers(broker, clock):
+    broker.publish_to_queue(b"q", b"m1", b"one")
+    broker.publish_to_queue(b"q", b"m2", b"two")
+    conn, sink = connect(broker)
+    broker.consume(conn, b"c", b"q")
+    clock.advance(0)
+    assert sink.bodies() == [b"one", b"two"]
+
+
+def test_window_limits_unacked_and_ack_refills(broker, clock):
+    conn, sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q", window=2)
+    for n in range(5):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"%d" % n)
+    clock.advance(0)
+    assert sink.bodies() == [b"0", b"1"]
+    assert broker.ack(consumer, b"m0")
+    clock.advance(0)
+    assert sink.bodies() == [b"0", b"1", b"2"]
+    assert not broker.ack(consumer, b"unknown")
+    broker.set_window(consumer, 0)
+    broker.ack(consumer, b"m1")
+    clock.advance(0)
+    assert len(sink.delivered) == 3
+
+
+def test_reject_goes_to_tail_with_retry(broker, clock):
+    conn, sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q", window=1)
+    broker.publish_to_queue(b"q", b"m1", b"one")
+    broker.publish_to_queue(b"q", b"m2", b"two")
+    clock.advance(0)
+    assert broker.reject(consumer, b"m1")
+    clock.advance(0)
+    broker.ack(consumer, b"m2")
+    clock.advance(0)
+    assert sink.seen == [(b"m1", 0), (b"m2", 0), (b"m1", 1)]
+
+
+def test_cancel_requeues_in_original_order_with_retry(broker, clock):
+    conn_a, a = connect(broker)
+    broker.publish_to_queue(b"q", b"m1", b"1")
+    broker.publish_to_queue(b"q", b"m2", b"2")
+    broker.publish_to_queue(b"q", b"m3", b"3")
+    consumer = broker.consume(conn_a, b"a", b"q", window=2)
+    clock.advance(0)
+    assert a.bodies() == [b"1", b"2"]
+    broker.connection_closed(conn_a)
+    assert not consumer.active
+    conn_b, b = connect(broker)
+    broker.consume(conn_b, b"b", b"q")
+    clock.advance(0)
+    assert b.seen == [(b"m1", 1), (b"m2", 1), (b"m3", 0)]
+
+
+def test_restore_keeps_seq_order_across_consumers(broker, clock):
+    conn_a, a = connect(broker)
+    conn_b, b = connect(broker)
+    for n in range(1, 4):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"%d" % n)
+    broker.consume(conn_a, b"a", b"q", window=1)
+    broker.consume(conn_b, b"b", b"q", window=2)
+    clock.advance(0)
+    assert a.bodies() == [b"1"] and b.bodies() == [b"2", b"3"]
+    broker.connection_closed(conn_b)
+    broker.connection_closed(conn_a)
+    assert [m.id for m in broker.queues[b"q"].ready] == [b"m1", b"m2", b"m3"]
+
+
+def test_dead_letter_moves_to_target_or_deletes(broker, clock):
+    broker.declare_queue(b"q", QueueOptions(dead_letter=b"dlq"))
+    conn, sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q")
+    broker.publish_to_queue(b"q", b"m1", b"one")
+    broker.publish_to_queue(b"plain", b"m2", b"two")
+    clock.advance(0)
+    assert broker.dead_letter(consumer, b"m1", b"rejected")
+    moved = broker.queues[b"dlq"].ready[0]
+    assert (moved.id, moved.body) == (b"m1", b"one")
+    assert moved.headers["x-dead-letter-reason"] == "rejected"
+    plain = broker.consume(conn, b"p", b"plain")
+    clock.advance(0)
+    assert broker.dead_letter(plain, b"m2", b"rejected")
+    assert not broker.queues[b"plain"].ready
+    assert broker.queues[b"q"].dead_lettered == 1
+
+
+def test_ttl_expiry_sweep_and_at_delivery(broker, clock):
+    broker.publish_to_queue(b"q", b"m1", b"short", ttl=5)
+    broker.publish_to_queue(b"q", b"m2", b"forever", ttl=0)
+    broker.publish_to_queue(b"q", b"m3", b"long", ttl=50)
+    clock.advance(10)
+    assert broker.expire_due() == 1
+    assert [m.id for m in broker.queues[b"q"].ready] == [b"m2", b"m3"]
+    clock.advance(100)
+    conn, sink = connect(broker)
+    broker.consume(conn, b"c", b"q")
+    clock.advance(0)
+    assert sink.bodies() == [b"forever"]
+    assert broker.queues[b"q"].expired == 2
+
+
+def test_expired_goes_to_dead_letter_target(broker, clock):
+    broker.declare_queue(b"q", QueueOptions(dead_letter=b"dlq", default_ttl=1))
+    broker.publish_to_queue(b"q", b"m1", b"x")
+    clock.advance(2)
+    broker.expire_due()
+    assert broker.queues[b"dlq"].ready[0].headers["x-dead-letter-reason"] == "expired"
+
+
+def test_max_length_drops_oldest(broker):
+    broker.declare_queue(b"q", QueueOptions(max_length=2))
+    for n in range(4):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"x")
+    assert [m.id for m in broker.queues[b"q"].ready] == [b"m2", b"m3"]
+
+
+def test_delete_when_unused_immediately_and_after_delay(broker, clock):
+    conn, sink = connect(broker)
+    broker.declare_queue(b"now", QueueOptions(delete_when_unused=0))
+    broker.cancel(broker.consume(conn, b"c1", b"now"))
+    assert b"now" not in broker.queues
+    broker.declare_queue(b"later", QueueOptions(delete_when_unused=5))
+    broker.cancel(broker.consume(conn, b"c2", b"later"))
+    clock.advance(4)
+    broker.consume(conn, b"c3", b"later")
+    clock.advance(10)
+    assert b"later" in broker.queues
+    broker.cancel(conn.consumers[b"c3"])
+    clock.advance(5)
+    assert b"later" not in broker.queues
+
+
+def test_delete_queue_tells_and_drops_consumers(broker, clock):
+    conn, sink = connect(broker)
+    broker.reconfigure(b"q", replace=[b"e"])
+    consumer = broker.consume(conn, b"c", b"q")
+    broker.publish_event(b"e", b"m", b"x")
+    clock.advance(0)
+    assert broker.delete_queue(b"q")
+    assert sink.updates == [consumer] and not consumer.active
+    assert conn.consumers == {}
+    assert broker.publish_event(b"e", b"m", b"x") == 0
+    assert not broker.delete_queue(b"q")
+
+
+def test_reconfigure_order_and_masks(broker):
+    broker.reconfigure(b"q", replace=[b"e3", b"e4", b"e5.id1.a1", b"e5.id2.a2"])
+    broker.reconfigure(b"q", remove=[b"e3"], add=[b"e6", b"e7"])
+    broker.reconfigure(b"q", remove_masks=[b"e5.*.a1", b"e5.*.a2"], add=[b"e8"])
+    assert broker.bindings.events_of(b"q") == {b"e4", b"e6", b"e7", b"e8"}
+    # remove runs before add, whatever the caller's order
+    broker.reconfigure(b"q", add=[b"x"], remove=[b"x"])
+    assert b"x" in broker.bindings.events_of(b"q")
+
+
+def test_reconfigure_notifies_others_only_on_change(broker):
+    conn, sink = connect(broker)
+    a = broker.consume(conn, b"a", b"q")
+    b = broker.consume(conn, b"b", b"q")
+    assert broker.reconfigure(b"q", replace=[b"e"], notify_except=a)
+    assert sink.updates == [b]
+    assert not broker.reconfigure(b"q", replace=[b"e"])
+    assert sink.updates == [b]
+
+
+def test_duplicate_id_waits_for_the_first_to_settle(broker, clock):
+    conn, sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q")
+    broker.publish_to_queue(b"q", b"same", b"1")
+    broker.publish_to_queue(b"q", b"same", b"2")
+    clock.advance(0)
+    assert sink.bodies() == [b"1"]
+    broker.ack(consumer, b"same")
+    clock.advance(0)
+    assert sink.bodies() == [b"1", b"2"]
+
+
+def test_dispatch_is_bounded_per_turn(clock):
+    broker = Broker(MemoryStore(), clock, dispatch_batch=10)
+    conn, sink = connect(broker)
+    broker.consume(conn, b"c", b"q", manual_ack=False)
+    for n in range(25):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"x")
+    one_turn(clock)
+    assert len(sink.delivered) == 10
+    one_turn(clock)
+    one_turn(clock)
+    assert len(sink.delivered) == 25
+
+
+def one_turn(clock: Clock) -> None:
+    """Run the calls due now, not the ones they schedule (as one reactor turn would)."""
+    for call in [c for c in clock.getDelayedCalls() if c.getTime() <= clock.seconds()]:
+        clock.calls.remove(call)
+        call.called = True
+        call.func(*call.args, **call.kw)
+
+
+def test_paused_connection_gets_nothing_until_resumed(broker, clock):
+    conn, sink = connect(broker)
+    broker.consume(conn, b"c", b"q")
+    broker.pause(conn)
+    broker.publish_to_queue(b"q", b"m", b"x")
+    clock.advance(0)
+    assert sink.delivered == []
+    broker.resume(conn)
+    clock.advance(0)
+    assert sink.bodies() == [b"x"]
+
+
+def test_a_failing_sink_does_not_stop_other_queues(broker, clock):
+    class Broken(RecordingSink):
+        def deliver(self, consumer, message):
+            raise RuntimeError("boom")
+
+    bad, _ = connect(broker, Broken())
+    good, sink = connect(broker)
+    broker.consume(bad, b"bad", b"q1")
+    broker.consume(good, b"good", b"q2")
+    broker.publish_to_queue(b"q1", b"m", b"x")
+    broker.publish_to_queue(b"q2", b"m", b"y")
+    clock.advance(0)
+    assert sink.bodies() == [b"y"]
+
+
+@pytest.mark.parametrize("requeue", [True, False])
+def test_cancel_without_requeue_drops(broker, clock, requeue):
+    conn, sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q")
+    broker.publish_to_queue(b"q", b"m", b"x")
+    clock.advance(0)
+    broker.cancel(consumer, requeue=requeue)
+    assert len(broker.queues[b"q"].ready) == (1 if requeue else 0)
+
+
+def test_recovered_state_loads(clock):
+    store = MemoryStore()
+    first = Broker(store, clock)
+    store.open()
+    from mqserver.model import DECLARE, ENQUEUE, BIND, Message
+
+    store.apply([
+        (DECLARE, b"q", QueueOptions(dead_letter=b"d")),
+        (BIND, b"q", b"e"),
+        (ENQUEUE, Message(b"m1", b"q", b"x", seq=7)),
+    ])
+    recovered = store.open().result
+    first.load(recovered)
+    assert first.queues[b"q"].options.dead_letter == b"d"
+    assert first.publish_event(b"e", b"m2", b"y") == 1
+    assert [m.seq for m in first.queues[b"q"].ready] == [7, 8]
