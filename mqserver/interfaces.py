@@ -98,8 +98,10 @@ class IDeliverySink(Interface):
         into the broker.
         """
 
-    def consumer_updated(consumer, text):
-        """Tell the client something about its consumer changed (MQKS --update)."""
+    def queue_changed(consumer):
+        """The bindings or options of ``consumer.queue`` changed, or it was deleted
+        (``consumer.queue.deleted``); tell the client if the protocol can (MQKS
+        ``--update``).  Must not call back into the broker."""
 
 
 class IBroker(Interface):

@@ -125,8 +125,9 @@ class Listener(Service):
 
     def _failed(self, failure: Any) -> None:
         log.failure("{protocol} could not listen", failure, protocol=self.protocol)
-        if getattr(self.reactor, "running", False):
-            self.reactor.stop()
+        from mqserver.broker.service import stop_with_error
+
+        stop_with_error(self.reactor)
 
     def stopService(self) -> Any:
         super().stopService()

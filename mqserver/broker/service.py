@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import gc
+import os
+import sys
 from typing import Any
 
 from twisted.application.service import MultiService
@@ -63,9 +65,7 @@ class BrokerService(MultiService):
         self.storage_error = failure.getErrorMessage()
         log.failure("mqserver could not start", failure)
         self.ready.errback(failure)
-        reactor = self.broker.clock
-        if getattr(reactor, "running", False):
-            reactor.stop()
+        stop_with_error(self.broker.clock)
 
     def _expire(self) -> None:
         try:
@@ -85,3 +85,26 @@ class BrokerService(MultiService):
             self._expiry.stop()
         yield self.broker.durable()
         yield self.broker.store.close()
+
+
+def stop_with_error(reactor: Any) -> None:
+    """Stop ``twistd`` with exit status 1 after a start-up failure.
+
+    twistd has no way to set its exit status, and a broker that cannot open
+    its storage or listen must not look like a clean exit to systemd or CI:
+    after the reactor has shut down (listeners closed, logs written) the
+    process exits with 1.
+    """
+    if not hasattr(reactor, "addSystemEventTrigger"):
+        return
+
+    def exit_1() -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)
+
+    reactor.addSystemEventTrigger("after", "shutdown", exit_1)
+    if getattr(reactor, "running", False):
+        reactor.stop()
+    else:
+        reactor.callWhenRunning(reactor.stop)

@@ -1,0 +1,641 @@
+# -*- test-case-name: tests.unit.test_mqks_evaluator -*-
+"""MQKS ``_eval`` without ``eval``: a whitelist interpreter over a stats view.
+
+The original server answered ``{id} _eval {code}`` with ``str(eval(code))``:
+remote code execution for anyone who could connect.  Its users (stats.py and
+operators' one-liners) only ever *read* counters and sizes, so here the code
+is parsed with ``ast`` and the tree is walked by this module, never compiled:
+only listed node kinds, names, attributes and callables.  Every value code can
+reach is a number, a string, a builtin container or a read-only view below,
+none of which leads back to the broker's objects or to Python internals.
+Work and sizes are capped so that a query can neither stall the reactor nor
+exhaust memory.  Any refusal or failure is an ``EvalError``.
+"""
+
+from __future__ import annotations
+
+import ast
+import operator
+from collections.abc import Callable, Iterator, Mapping
+from itertools import islice
+from typing import Any
+
+MAX_CODE = 10_000  # characters of source
+MAX_NODES = 500  # AST nodes (operators and load contexts not counted)
+MAX_DEPTH = 60  # AST nesting, which bounds the interpreter's recursion
+MAX_CALL_DEPTH = 16  # nested lambda calls: (lambda f: f(f))(lambda f: f(f)) stops here
+MAX_SIZE = 1_000_000  # items of a range or repetition, characters of a new string
+MAX_WEIGHT = 2_000_000  # items of a new container or of the result, nesting expanded
+MAX_INT_BITS = 10_000  # huge ints make str(), hashing and ** slow
+MAX_WORK = 4_000_000  # nodes evaluated + loop turns + items weighed: ~2 s at most
+
+
+Scope = dict[str, Any]
+
+
+class EvalError(Exception):
+    """The code was refused, or failed while being evaluated."""
+
+
+def _s(raw: bytes | str) -> str:
+    """Broker names are bytes; the original server showed them as str."""
+    return raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")
+
+
+# -- read-only views ---------------------------------------------------------
+
+
+class _View:
+    """Base of the objects code may see: only names in ``ALLOWED`` are reachable."""
+
+    __slots__ = ()
+    ALLOWED: frozenset[str] = frozenset()
+
+
+class ReadOnlyMap(_View, Mapping[Any, Any]):
+    """A dict snapshot nothing can change, with the Python 2 spellings of its methods."""
+
+    __slots__ = ("_data",)
+    ALLOWED = frozenset(
+        ["get", "has_key", "items", "iteritems", "iterkeys", "itervalues", "keys", "values"]
+    )
+
+    def __init__(self, data: dict[Any, Any]) -> None:
+        self._data = data
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __repr__(self) -> str:
+        return repr(self._data)
+
+    def keys(self) -> list[Any]:  # type: ignore[override]  # lists, as in Python 2
+        return list(self._data)
+
+    def values(self) -> list[Any]:  # type: ignore[override]
+        return list(self._data.values())
+
+    def items(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
+        return list(self._data.items())
+
+    def itervalues(self) -> Iterator[Any]:
+        return iter(self._data.values())
+
+    def iteritems(self) -> Iterator[tuple[Any, Any]]:
+        return iter(self._data.items())
+
+    has_key = Mapping.__contains__
+    iterkeys = __iter__
+
+
+class QueueStat(_View):
+    """Stands for a gevent queue of the original server: only its size."""
+
+    __slots__ = ("_size",)
+    ALLOWED = frozenset({"qsize", "empty"})
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+
+    def qsize(self) -> int:
+        return self._size
+
+    def empty(self) -> bool:
+        return not self._size
+
+    def __repr__(self) -> str:
+        return f"<Queue qsize={self._size}>"
+
+
+class Flag(_View):
+    """Stands for a gevent Event of the original (``queues_used``)."""
+
+    __slots__ = ("_set",)
+    ALLOWED = frozenset({"is_set", "isSet"})
+
+    def __init__(self, value: bool) -> None:
+        self._set = value
+
+    def is_set(self) -> bool:
+        return self._set
+
+    isSet = is_set
+
+    def __repr__(self) -> str:
+        return f"<Event set={self._set}>"
+
+
+class Sock(_View):
+    """A client socket stand-in: shows the peer and has no method at all."""
+
+    __slots__ = ("_peer",)
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def __repr__(self) -> str:
+        return f"<socket {self._peer}>"
+
+
+def _group(pairs: Iterator[tuple[str, Any]]) -> dict[str, set[Any]]:
+    out: dict[str, set[Any]] = {}
+    for key, value in pairs:
+        out.setdefault(key, set()).add(value)
+    return out
+
+
+# The fields of the original ``state`` module, each built from the broker (b),
+# the live MQKS consumers (cs: (str id, Consumer) pairs) and the view itself.
+_FIELDS: dict[str, Callable[[Any, list[tuple[str, Any]], StateView], Any]] = {
+    "published": lambda b, cs, v: b.published,
+    "queued": lambda b, cs, v: b.queued,  # copies put into queues
+    "consumed": lambda b, cs, v: b.delivered,
+    "worker": lambda b, cs, v: 0,
+    "commands_put": lambda b, cs, v: 0,  # one worker: no command goes between workers
+    "commands_got": lambda b, cs, v: 0,
+    "commands_to_workers": lambda b, cs, v: {},
+    "queues": lambda b, cs, v: {_s(n): QueueStat(len(q.ready)) for n, q in b.queues.items()},
+    "queues_used": lambda b, cs, v: {
+        _s(n): Flag(bool(q.consumers)) for n, q in b.queues.items()},
+    "queues_to_delete_when_unused": lambda b, cs, v: {
+        _s(n): q.options.delete_when_unused for n, q in b.queues.items()
+        if q.options.delete_when_unused is not None},
+    "events_by_queues": lambda b, cs, v: {
+        _s(q): {_s(e) for e in es} for q, es in b.bindings.by_queue.items()},
+    "queues_by_events": lambda b, cs, v: _group(
+        (e, q) for q, es in v.events_by_queues.iteritems() for e in es),
+    "queues_by_consumer_ids": lambda b, cs, v: {cid: _s(c.queue.name) for cid, c in cs},
+    "consumers_by_queues": lambda b, cs, v: {
+        q: ReadOnlyMap(dict(acks)) for q, acks in _group(
+            (_s(c.queue.name), (cid, c.manual_ack)) for cid, c in cs).items()},
+    "messages_by_consumer_ids": lambda b, cs, v: {
+        cid: ReadOnlyMap({_s(mid): _s(m.body) for mid, m in c.unacked.items()})
+        for cid, c in cs},
+    "clients_by_consumer_ids": lambda b, cs, v: {cid: str(c.connection.id) for cid, c in cs},
+    "consumer_ids_by_clients": lambda b, cs, v: _group(
+        (client, cid) for cid, client in v.clients_by_consumer_ids.iteritems()),
+    "socks_by_clients": lambda b, cs, v: {
+        str(c.id): Sock(c.peer) for c in b.connections.values()},
+    "responses_by_clients": lambda b, cs, v: {str(c): QueueStat(0) for c in b.connections},
+}
+
+
+class StateView(_View):
+    """``state`` of the original server, built from the broker field by field.
+
+    Counters are read live; maps are snapshots made on first use, so a query
+    pays only for what it touches, and nothing it gets can change the broker.
+    """
+
+    __slots__ = ("_broker", "_cache", "_consumers")
+    ALLOWED = frozenset(_FIELDS)
+
+    def __init__(self, broker: Any, consumers: Mapping[bytes, Any]) -> None:
+        self._broker, self._cache = broker, {}
+        self._consumers = [(_s(cid), c) for cid, c in consumers.items() if c.active]
+
+    def __getattr__(self, name: str) -> Any:
+        if name not in _FIELDS:
+            raise AttributeError(name)
+        if name not in self._cache:
+            value = _FIELDS[name](self._broker, self._consumers, self)
+            self._cache[name] = ReadOnlyMap(value) if isinstance(value, dict) else value
+        return self._cache[name]
+
+    def __repr__(self) -> str:
+        return "<state>"
+
+
+def stats_names(
+    broker: Any,
+    consumers: Mapping[bytes, Any],
+    connection_id: int,
+    request_id: bytes,
+    workers: list[str],
+) -> dict[str, object]:
+    """The names ``_eval`` code sees: ``state``, ``config``, ``WORKERS``, ``request``.
+
+    ``consumers`` is every MQKS consumer by its (server-wide) id.  There is one
+    worker, so ``WORKERS`` is 1 and stats.py asks it exactly once.
+    """
+    return {
+        "state": StateView(broker, consumers),
+        "config": ReadOnlyMap({"workers": [_s(w) for w in workers]}),
+        "WORKERS": 1,
+        "request": ReadOnlyMap({"client": str(connection_id), "id": _s(request_id)}),
+    }
+
+
+# -- safe builtins and methods -----------------------------------------------
+
+_NUMBERS = (int, float, bool)
+
+
+def _range(*args: int) -> range:
+    r = range(*args)
+    if len(r) > MAX_SIZE:
+        raise EvalError("range too long")
+    return r
+
+
+def _sum(iterable: Any, start: int | float = 0) -> int | float:
+    """Numbers only: sum() of lists or tuples concatenates quadratically."""
+    if type(start) not in _NUMBERS:
+        raise EvalError("sum() takes numbers only")
+    total = start
+    for x in iterable:
+        if type(x) not in _NUMBERS:
+            raise EvalError("sum() takes numbers only")
+        total += x
+    return total
+
+
+def _round(number: Any, ndigits: int | None = None) -> Any:
+    if ndigits is not None and (type(ndigits) is not int or abs(ndigits) > 100):
+        raise EvalError("round() ndigits out of range")  # round(5, -10**9) is 10**10**9
+    return round(number, ndigits)
+
+
+def _zip(*iterables: Any) -> Iterator[tuple[Any, ...]]:
+    if len(iterables) > 8:
+        raise EvalError("zip() of too many iterables")
+    return zip(*iterables, strict=False)
+
+
+def _join(sep: Any, iterable: Any) -> Any:
+    items = list(islice(iterable, MAX_SIZE + 1))
+    size = sum(len(x) for x in items if isinstance(x, (str, bytes))) + len(sep) * len(items)
+    if len(items) > MAX_SIZE or size > MAX_SIZE:
+        raise EvalError("join() result too long")
+    return sep.join(items)
+
+
+_BUILTINS: dict[str, Any] = {
+    "len": len, "sum": _sum, "sorted": sorted, "min": min, "max": max, "set": set,
+    "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "int": int,
+    "float": float, "bool": bool, "abs": abs, "any": any, "all": all, "round": _round,
+    "enumerate": enumerate, "zip": _zip, "range": _range, "reversed": reversed,
+}  # str and repr come from the interpreter, which weighs their argument first
+_STR = ["split", "rsplit", "splitlines", "startswith", "endswith", "upper", "lower", "strip",
+        "lstrip", "rstrip", "find", "rfind", "rindex", "partition", "rpartition", "isdigit",
+        "isalpha", "isalnum", "isspace", "count", "index"]  # no format, replace, ljust...
+_SET = ["union", "intersection", "difference", "symmetric_difference", "issubset",
+        "issuperset", "isdisjoint", "copy"]
+_METHODS: dict[type, dict[str, Callable[..., Any]]] = {
+    t: {n: getattr(t, n) for n in names} for t, names in [
+        (str, [*_STR, "encode"]), (bytes, [*_STR, "decode"]), (list, ["count", "index", "copy"]),
+        (tuple, ["count", "index"]), (dict, ["keys", "values", "items", "get", "copy"]),
+        (set, _SET), (frozenset, _SET)]
+}
+_METHODS[str]["join"] = _METHODS[bytes]["join"] = _join
+_ATTRS = frozenset().union(
+    *_METHODS.values(), *(v.ALLOWED for v in (ReadOnlyMap, QueueStat, Flag, StateView)))
+
+
+# -- the interpreter ---------------------------------------------------------
+
+_BINOPS: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+    ast.Div: operator.truediv, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod,
+    ast.Pow: operator.pow, ast.BitOr: operator.or_, ast.BitAnd: operator.and_,
+    ast.BitXor: operator.xor,
+}  # no shifts: 1 << 10**9 is a memory bomb of no use to stats
+_UNARY = {ast.Not: operator.not_, ast.USub: operator.neg, ast.UAdd: operator.pos,
+          ast.Invert: operator.invert}
+_COMPARE: dict[type, Callable[[Any, Any], Any]] = {
+    ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
+    ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not,
+    ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b,
+}
+_DISPLAYS = {ast.List: list, ast.Tuple: tuple, ast.Set: set}
+_COMPREHENSIONS = {ast.ListComp: list, ast.SetComp: set, ast.DictComp: dict,
+                   ast.GeneratorExp: iter}
+_EXPRS = frozenset({ast.Constant, ast.Name, ast.Attribute, ast.Call, ast.keyword, ast.Subscript,
+                    ast.Slice, ast.Dict, ast.Compare, ast.BoolOp, ast.BinOp, ast.UnaryOp,
+                    ast.IfExp, *_DISPLAYS})  # Lambda and comprehensions bind names: apart
+_UNCOUNTED = frozenset({ast.Load, ast.And, ast.Or, *_BINOPS, *_UNARY, *_COMPARE})
+_CONSTANTS = (int, float, str, bytes, bool, type(None))
+_SUBSCRIPTABLE = (list, tuple, str, bytes, dict, range, ReadOnlyMap)
+_CONTAINERS = (list, tuple, set, frozenset, dict)
+
+
+class _Method:
+    """A whitelisted method bound to its object: the only attributes code can call."""
+
+    __slots__ = ("fn", "obj")
+
+    def __init__(self, fn: Callable[..., Any], obj: Any) -> None:
+        self.fn, self.obj = fn, obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(self.obj, *args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<method {self.fn.__name__}>"
+
+
+class _Lambda:
+    """A lambda of the evaluated code (sort keys): calling it interprets its body."""
+
+    __slots__ = ("interp", "node", "scope")
+
+    def __init__(self, interp: _Interpreter, node: ast.Lambda, scope: Scope) -> None:
+        self.interp, self.node, self.scope = interp, node, scope
+
+    def __call__(self, *args: Any) -> Any:
+        params = [a.arg for a in self.node.args.args]
+        if len(args) != len(params):
+            raise EvalError(f"lambda takes {len(params)} arguments, got {len(args)}")
+        interp = self.interp
+        if interp.calls >= MAX_CALL_DEPTH:
+            raise EvalError("lambda calls nested too deep")
+        interp.calls += 1
+        try:
+            scope = {**self.scope, **dict(zip(params, args, strict=True))}
+            return interp.eval(self.node.body, scope)
+        finally:
+            interp.calls -= 1
+
+    def __repr__(self) -> str:
+        return "<lambda>"
+
+
+class _Interpreter:
+    """One evaluation: a static check of the whole tree, then a walk with budgets."""
+
+    def __init__(self, names: Mapping[str, object]) -> None:
+        self.work = self.calls = self.nodes = 0
+        builtins = {**_BUILTINS, "str": self._str, "repr": self._repr}
+        self.callables = frozenset(id(f) for f in builtins.values())
+        self.scope: Scope = {**builtins, **names}
+        self.handlers = {kind: getattr(self, "_" + kind.__name__) for kind in _EXPRS | {
+            ast.Lambda, *_COMPREHENSIONS} if kind is not ast.keyword}
+
+    def tick(self, amount: int = 1) -> None:
+        self.work += amount
+        if self.work > MAX_WORK:
+            raise EvalError("too much work")
+
+    def check(self, node: Any, bound: frozenset[str], depth: int) -> None:
+        """Refuse before running anything: node kinds, free names, attributes, sizes."""
+        kind = type(node)
+        if kind in _UNCOUNTED:
+            return
+        self.nodes += 1
+        if self.nodes > MAX_NODES or depth > MAX_DEPTH:
+            raise EvalError("expression too big")
+        if kind is ast.Name and node.id not in bound and node.id not in self.scope:
+            raise EvalError(f"name {node.id!r} is not defined")
+        if kind is ast.Attribute and (node.attr.startswith("_") or node.attr not in _ATTRS):
+            raise EvalError(f"attribute {node.attr!r} is not allowed")
+        if kind is ast.Constant and (type(node.value) not in _CONSTANTS or (
+                type(node.value) is int and node.value.bit_length() > MAX_INT_BITS)):
+            raise EvalError(f"constant {type(node.value).__name__} is not allowed")
+        if (kind is ast.Dict and None in node.keys) or (kind is ast.keyword and not node.arg):
+            raise EvalError("** unpacking is not allowed")
+        if kind is ast.Lambda:
+            a = node.args
+            if a.posonlyargs or a.vararg or a.kwonlyargs or a.kwarg or a.defaults:
+                raise EvalError("lambda takes plain positional arguments only")
+            return self.check(node.body, bound | {p.arg for p in a.args}, depth + 1)
+        if kind in _COMPREHENSIONS:
+            for gen in node.generators:
+                if gen.is_async:
+                    raise EvalError("async comprehension is not allowed")
+                self.check(gen.iter, bound, depth + 1)
+                bound = bound | self.targets(gen.target)
+                for cond in gen.ifs:
+                    self.check(cond, bound, depth + 1)
+            for part in (node.key, node.value) if kind is ast.DictComp else (node.elt,):
+                self.check(part, bound, depth + 1)
+            return None
+        if kind not in _EXPRS:
+            raise EvalError(f"{kind.__name__} is not allowed")
+        for child in ast.iter_child_nodes(node):
+            self.check(child, bound, depth + 1)
+        return None
+
+    def targets(self, target: ast.AST) -> frozenset[str]:
+        self.nodes += 1
+        if type(target) is ast.Name:
+            return frozenset({target.id})
+        if type(target) in (ast.Tuple, ast.List):
+            return frozenset().union(*(self.targets(t) for t in target.elts))
+        raise EvalError("comprehension targets must be names")
+
+    def weigh(self, value: Any, views: bool = False) -> int:
+        """Items in ``value`` counted as str() would expand them; too many is an error."""
+        total, stack = 0, [value]
+        while stack:
+            item = stack.pop()
+            kind = type(item)
+            total += 1
+            if kind is str or kind is bytes:
+                total += len(item) >> 4
+            elif kind is int:
+                total += item.bit_length() >> 6
+            elif kind is dict or (views and kind is ReadOnlyMap):
+                data = item if kind is dict else item._data
+                stack.extend(data)
+                stack.extend(data.values())
+            elif kind in _CONTAINERS:
+                stack.extend(item)
+            if total > MAX_WEIGHT:
+                raise EvalError("value too big")
+        self.tick(total)
+        return total
+
+    def produced(self, value: Any) -> Any:
+        """Charge every new value for its size, so nothing big is made twice."""
+        kind = type(value)
+        if kind is str or kind is bytes:
+            if len(value) > MAX_SIZE:
+                raise EvalError("string too long")
+            self.tick(len(value) >> 4)
+        elif kind is int and value.bit_length() > MAX_INT_BITS:
+            raise EvalError("integer too big")
+        elif kind in _CONTAINERS:
+            self.weigh(value)
+        return value
+
+    def _str(self, value: Any = "") -> str:
+        self.weigh(value, views=True)
+        return str(value)
+
+    def _repr(self, value: Any) -> str:
+        self.weigh(value, views=True)
+        return repr(value)
+
+    # evaluation: one method per node kind the check lets through
+
+    def eval(self, node: Any, scope: Scope) -> Any:
+        self.work += 1
+        if self.work > MAX_WORK:
+            raise EvalError("too much work")
+        return self.handlers[type(node)](node, scope)
+
+    def _Constant(self, node: ast.Constant, scope: Scope) -> Any:
+        return node.value
+
+    def _Name(self, node: ast.Name, scope: Scope) -> Any:
+        try:
+            return scope[node.id]
+        except KeyError:
+            raise EvalError(f"name {node.id!r} is not defined") from None
+
+    def _Attribute(self, node: ast.Attribute, scope: Scope) -> Any:
+        obj, name = self.eval(node.value, scope), node.attr
+        if isinstance(obj, _View) and name in type(obj).ALLOWED and name[0] != "_":
+            attr = getattr(type(obj), name, None)
+            return _Method(attr, obj) if callable(attr) else getattr(obj, name)
+        method = _METHODS.get(type(obj), {}).get(name)
+        if method is None:
+            raise EvalError(f"{type(obj).__name__} has no allowed attribute {name!r}")
+        return _Method(method, obj)
+
+    def _Call(self, node: ast.Call, scope: Scope) -> Any:
+        func = self.eval(node.func, scope)
+        if not (isinstance(func, (_Method, _Lambda)) or id(func) in self.callables):
+            raise EvalError(f"{type(func).__name__} object is not callable")
+        args = [self.eval(a, scope) for a in node.args]
+        kwargs = {k.arg: self.eval(k.value, scope) for k in node.keywords}
+        return self.produced(func(*args, **kwargs))
+
+    def _BinOp(self, node: ast.BinOp, scope: Scope) -> Any:
+        left, right = self.eval(node.left, scope), self.eval(node.right, scope)
+        op = type(node.op)
+        if op is ast.Mult:
+            for seq, n in ((left, right), (right, left)):
+                if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int):
+                    size = len(seq) if isinstance(seq, (str, bytes)) else self.weigh(seq) - 1
+                    if n > 0 and size * n > MAX_SIZE:
+                        raise EvalError("repetition too big")
+            if isinstance(left, int) and isinstance(right, int) and (
+                    left.bit_length() + right.bit_length() > MAX_INT_BITS):
+                raise EvalError("integer too big")
+        elif op is ast.Pow:
+            if type(left) not in _NUMBERS or type(right) not in _NUMBERS:
+                raise EvalError("** takes numbers only")
+            if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and (
+                    right > 0 and left.bit_length() * right > MAX_INT_BITS):
+                raise EvalError("integer too big")
+        elif op is ast.Mod and isinstance(left, (str, bytes)):
+            raise EvalError("% formatting is not allowed")  # '%0999999999d' % 1
+        return self.produced(_BINOPS[op](left, right))
+
+    def _UnaryOp(self, node: ast.UnaryOp, scope: Scope) -> Any:
+        return _UNARY[type(node.op)](self.eval(node.operand, scope))
+
+    def _BoolOp(self, node: ast.BoolOp, scope: Scope) -> Any:
+        is_and = type(node.op) is ast.And
+        for value_node in node.values:
+            value = self.eval(value_node, scope)
+            if is_and != bool(value):
+                break
+        return value
+
+    def _Compare(self, node: ast.Compare, scope: Scope) -> Any:
+        left = self.eval(node.left, scope)
+        for op, comparator in zip(node.ops, node.comparators, strict=True):
+            right = self.eval(comparator, scope)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+
+    def _IfExp(self, node: ast.IfExp, scope: Scope) -> Any:
+        return self.eval(node.body if self.eval(node.test, scope) else node.orelse, scope)
+
+    def _Subscript(self, node: ast.Subscript, scope: Scope) -> Any:
+        obj = self.eval(node.value, scope)
+        if type(obj) not in _SUBSCRIPTABLE:
+            raise EvalError(f"{type(obj).__name__} object is not subscriptable")
+        return obj[self.eval(node.slice, scope)]
+
+    def _Slice(self, node: ast.Slice, scope: Scope) -> slice:
+        parts = (node.lower, node.upper, node.step)
+        return slice(*(None if p is None else self.eval(p, scope) for p in parts))
+
+    def _display(self, node: Any, scope: Scope) -> Any:
+        return self.produced(_DISPLAYS[type(node)]([self.eval(e, scope) for e in node.elts]))
+
+    _List = _Tuple = _Set = _display
+
+    def _Dict(self, node: ast.Dict, scope: Scope) -> dict[Any, Any]:
+        items = zip(node.keys, node.values, strict=True)
+        return self.produced({self.eval(k, scope): self.eval(v, scope) for k, v in items})
+
+    def _Lambda(self, node: ast.Lambda, scope: Scope) -> _Lambda:
+        return _Lambda(self, node, scope)
+
+    def _comprehension(self, node: Any, scope: Scope) -> Any:
+        """Own scope, first iterable evaluated at once in the outer one, as in Python."""
+        local = dict(scope)
+        first = iter(self.eval(node.generators[0].iter, scope))
+        scopes = self._loop(node.generators, 0, first, local)
+        if type(node) is ast.DictComp:
+            return self.produced({self.eval(node.key, s): self.eval(node.value, s)
+                                  for s in scopes})
+        values = (self.eval(node.elt, s) for s in scopes)
+        return values if type(node) is ast.GeneratorExp else self.produced(
+            _COMPREHENSIONS[type(node)](values))
+
+    _ListComp = _SetComp = _DictComp = _GeneratorExp = _comprehension
+
+    def _loop(self, gens: list[ast.comprehension], i: int, items: Iterator[Any],
+              local: Scope) -> Iterator[Scope]:
+        gen = gens[i]
+        name = gen.target.id if type(gen.target) is ast.Name else None
+        for item in items:
+            self.tick()
+            if name is None:
+                self.bind(gen.target, item, local)
+            else:
+                local[name] = item
+            if all(self.eval(cond, local) for cond in gen.ifs):
+                if i + 1 == len(gens):
+                    yield local
+                else:
+                    inner = iter(self.eval(gens[i + 1].iter, local))
+                    yield from self._loop(gens, i + 1, inner, local)
+
+    def bind(self, target: Any, value: Any, into: dict[str, Any]) -> None:
+        if type(target) is ast.Name:
+            into[target.id] = value
+            return
+        items = list(islice(iter(value), len(target.elts) + 1))
+        if len(items) != len(target.elts):
+            raise EvalError(f"cannot unpack {len(items)} values into {len(target.elts)}")
+        for sub, item in zip(target.elts, items, strict=True):
+            self.bind(sub, item, into)
+
+
+def safe_eval(code: str, names: Mapping[str, object]) -> object:
+    """Evaluate one expression over ``names``, never with compile(), eval() or exec().
+
+    The tree from ``ast.parse(mode="eval")`` is checked in full first, then
+    interpreted.  Any refusal, and any exception the evaluation raises, comes
+    out as ``EvalError``; the result is weighed because the caller will str() it.
+    """
+    if not isinstance(code, str) or len(code) > MAX_CODE:
+        raise EvalError(f"code must be a string of at most {MAX_CODE} characters")
+    interp = _Interpreter(names)
+    try:
+        tree = ast.parse(code, mode="eval")
+    except Exception as exc:  # SyntaxError, also ValueError, MemoryError, RecursionError
+        raise EvalError(f"syntax error: {exc or type(exc).__name__}"[:200]) from None
+    try:
+        interp.check(tree.body, frozenset(), 0)
+        result = interp.eval(tree.body, interp.scope)
+        interp.weigh(result, views=True)
+    except EvalError:
+        raise
+    except Exception as exc:
+        raise EvalError(f"{type(exc).__name__}: {exc}"[:200]) from exc
+    return result

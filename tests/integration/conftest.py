@@ -1,0 +1,151 @@
+"""Start the real server, ``twistd -n mqserver``, as a subprocess on ephemeral ports."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+LISTENING = re.compile(r"(\w+) listening on ([\d.]+):(\d+)")
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+
+
+class Server:
+    """A running ``twistd -n mqserver``; its log is collected for assertions."""
+
+    def __init__(self, args: list[str], workdir: Path, timeout: float = 30.0) -> None:
+        self.log: list[str] = []
+        self.ports: dict[str, int] = {}
+        self._seen = threading.Condition()
+        self.process = subprocess.Popen(
+            [TWISTD, "-n", "--pidfile=", "mqserver", "--no-gc-tuning", *args],
+            cwd=workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        threading.Thread(target=self._read, daemon=True).start()
+        expected = {a.split(":")[0].split("=")[-1] for a in args if a.startswith("--protocol")}
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while not expected <= set(self.ports):
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("server did not start:\n" + "".join(self.log))
+                self._seen.wait(0.1)
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            with self._seen:
+                self.log.append(line)
+                match = LISTENING.search(line)
+                if match:
+                    self.ports[match.group(1)] = int(match.group(3))
+                self._seen.notify_all()
+
+    def text(self) -> str:
+        with self._seen:
+            return "".join(self.log)
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        return self.process.returncode
+
+
+class LineClient:
+    """A raw-socket MQKS client: send lines, read lines with a deadline."""
+
+    def __init__(self, port: int) -> None:
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+        self.buffer = b""
+
+    def send(self, *lines: str | bytes) -> None:
+        data = b"".join((x.encode() if isinstance(x, str) else x) + b"\n" for x in lines)
+        self.sock.sendall(data)
+
+    def read(self, count: int, timeout: float = 10.0) -> list[bytes]:
+        deadline = time.monotonic() + timeout
+        while self.buffer.count(b"\n") < count:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"wanted {count} lines, have {self.buffer!r}")
+            self.sock.settimeout(remaining)
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"closed; have {self.buffer!r}")
+            self.buffer += chunk
+        lines = self.buffer.split(b"\n")
+        self.buffer = b"\n".join(lines[count:])
+        return lines[:count]
+
+    def quiet(self, wait: float = 0.3) -> bool:
+        """True if nothing arrives within ``wait`` seconds (polls with a deadline)."""
+        self.sock.settimeout(wait)
+        try:
+            chunk = self.sock.recv(65536)
+        except TimeoutError:
+            return not self.buffer
+        self.buffer += chunk
+        return False
+
+    def closed(self, timeout: float = 10.0) -> bool:
+        self.sock.settimeout(timeout)
+        try:
+            while True:
+                chunk = self.sock.recv(65536)
+                if not chunk:
+                    return True
+                self.buffer += chunk
+        except (ConnectionResetError, BrokenPipeError):
+            return True
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+@pytest.fixture
+def start_server(tmp_path: Path) -> Iterator:
+    servers: list[Server] = []
+
+    def start(*args: str) -> Server:
+        server = Server(list(args), tmp_path)
+        servers.append(server)
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()
+
+
+@pytest.fixture
+def mqks_server(start_server) -> Server:
+    return start_server("--protocol=mqks:tcp:0:interface=127.0.0.1")
+
+
+@pytest.fixture
+def connect(mqks_server: Server) -> Iterator:
+    clients: list[LineClient] = []
+
+    def make() -> LineClient:
+        client = LineClient(mqks_server.ports["mqks"])
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()

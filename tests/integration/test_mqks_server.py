@@ -1,0 +1,111 @@
+"""MQKS against the real server: twistd subprocess, raw TCP sockets."""
+
+from __future__ import annotations
+
+import re
+
+EID = re.compile(rb"^\S+ error \d{20}[0-9a-zA-Z]{4}$")
+
+
+def test_hello_world_from_the_spec(connect):
+    alice, bob, charlie, dave = connect(), connect(), connect(), connect()
+    alice.send("Alice consume --confirm greetings hi hello")
+    bob.send("Bob consume --confirm greetings hi hello")
+    charlie.send("Charlie consume --confirm greetings-and-byes hi hello bye good-bye")
+    assert alice.read(1) == [b"Alice ok "]
+    assert bob.read(1) == [b"Bob ok "]
+    assert charlie.read(1) == [b"Charlie ok "]
+    dave.send("Dave publish hello world")
+    assert charlie.read(1) == [b"Charlie ok Dave event=hello world"]
+    alice_quiet, bob_quiet = alice.quiet(), bob.quiet()
+    assert alice_quiet != bob_quiet, "exactly one of Alice and Bob gets it"
+    got = alice.read(1) if not alice_quiet else bob.read(1)
+    assert got in ([b"Alice ok Dave event=hello world"], [b"Bob ok Dave event=hello world"])
+    assert dave.quiet()
+
+
+def test_round_robin_manual_ack_and_disconnect_requeue(connect):
+    a, b, p = connect(), connect(), connect()
+    a.send("a consume --confirm q e --manual-ack")
+    b.send("b consume --confirm q e --manual-ack")
+    assert a.read(1) == [b"a ok "] and b.read(1) == [b"b ok "]
+    p.send(*[f"m{n} publish e body {n}" for n in range(4)])
+    assert a.read(2) == [b"a ok m0 event=e body 0", b"a ok m2 event=e body 2"]
+    assert b.read(2) == [b"b ok m1 event=e body 1", b"b ok m3 event=e body 3"]
+    p.send("x ack --confirm a m0")
+    assert p.read(1) == [b"x ok "]
+    a.close()
+    assert b.read(1) == [b"b ok m2 event=e,retry=1 body 2"]
+    b.send("r reject --confirm b m1")
+    assert b.read(2) == [b"r ok ", b"b ok m1 event=e,retry=1 body 1"]
+
+
+def test_errors_keep_the_connection(connect, mqks_server):
+    c = connect()
+    c.send("short", "x nope data", "e _eval __import__('os').system('id')", "e2 _eval 1/0")
+    lines = c.read(4)
+    assert [line.split(b" ")[0] for line in lines] == [b"None", b"x", b"e", b"e2"]
+    assert all(EID.match(line) for line in lines)
+    c.send("p ping fine", "w _eval WORKERS", "q _eval len(state.queues)")
+    assert c.read(3) == [b"p ok fine", b"w ok 1", b"q ok 0"]
+    eid = lines[1].split(b" ")[2].decode()
+    assert eid in mqks_server.text()
+
+
+def test_big_line_goes_through(connect):
+    c = connect()
+    body = "x" * (4 * 1024 * 1024)
+    c.send("c consume --confirm q e")
+    assert c.read(1) == [b"c ok "]
+    c.send(f"m publish e {body}")
+    assert c.read(1, timeout=30) == [f"c ok m event=e {body}".encode()]
+
+
+def test_line_over_the_limit_is_refused_and_closed(start_server):
+    from socket import create_connection
+
+    server = start_server("--protocol=mqks:tcp:0:interface=127.0.0.1", "--mqks-max-line=1000")
+    sock = create_connection(("127.0.0.1", server.ports["mqks"]), timeout=10)
+    sock.sendall(b"p ping " + b"x" * 5000 + b"\n")
+    data = b""
+    while chunk := sock.recv(4096):
+        data += chunk
+    assert data.startswith(b"None error ") and data.endswith(b"\n")
+    sock.close()
+    other = create_connection(("127.0.0.1", server.ports["mqks"]), timeout=10)
+    other.sendall(b"p ping alive\n")
+    assert other.recv(100) == b"p ok alive\n"
+    other.close()
+
+
+def test_delete_queue_when_unused_timeout(connect):
+    c = connect()
+    c.send("c1 consume --confirm q1 e1 --delete-queue-when-unused=1")
+    assert c.read(1) == [b"c1 ok "]
+    c.send("d1 delete_consumer --confirm c1", "m1 publish --confirm e1 kept")
+    assert c.read(2) == [b"d1 ok ", b"m1 ok "]
+    c.send("c2 consume --confirm q1 e1 --delete-queue-when-unused=1")
+    assert c.read(2) == [b"c2 ok ", b"c2 ok m1 event=e1 kept"]
+    c.send("d2 delete_consumer --confirm c2")
+    assert c.read(1) == [b"d2 ok "]
+    # poll (with a deadline) until the server's 1 s timer has deleted the queue
+    for _ in range(50):
+        c.send("n _eval len(state.queues)")
+        if c.read(1) == [b"n ok 0"]:
+            break
+        c.quiet(0.1)
+    else:
+        raise AssertionError("queue was not deleted after 1 s unused")
+
+
+def test_clean_shutdown_logs_connections(mqks_server, connect):
+    c = connect()
+    c.send("p ping x")
+    assert c.read(1) == [b"p ok x"]
+    c.close()
+    # Twisted shuts down cleanly on SIGTERM, then re-raises the signal
+    assert mqks_server.stop() in (0, -15)
+    text = mqks_server.text()
+    assert "Server Shut Down." in text
+    assert "mqks connection 1 opened from 127.0.0.1" in text
+    assert "mqks connection 1 closed" in text

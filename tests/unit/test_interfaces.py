@@ -1,0 +1,42 @@
+"""Every implementation provides the interface it claims (one parametrized test)."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.task import Clock
+from twisted.plugin import IPlugin
+from zope.interface.verify import verifyObject
+
+from mqserver.broker.core import Broker
+from mqserver.interfaces import (
+    IBroker,
+    IDeliverySink,
+    IMessageStore,
+    IProtocolPlugin,
+    IStoragePlugin,
+)
+from mqserver.plugins import memory, mqks
+from mqserver.protocols.mqks.protocol import MQKSFactory
+from mqserver.storage.memory import MemoryStore
+from mqserver.testing import RecordingSink
+
+
+def _mqks_protocol():
+    return MQKSFactory(Broker(MemoryStore(), Clock())).buildProtocol(None)
+
+
+IMPLEMENTATIONS = [
+    (IMessageStore, MemoryStore),
+    (IStoragePlugin, lambda: memory),
+    (IPlugin, lambda: memory),
+    (IProtocolPlugin, lambda: mqks),
+    (IPlugin, lambda: mqks),
+    (IBroker, lambda: Broker(MemoryStore(), Clock())),
+    (IDeliverySink, _mqks_protocol),
+    (IDeliverySink, RecordingSink),
+]
+
+
+@pytest.mark.parametrize(("interface", "make"), IMPLEMENTATIONS)
+def test_provides(interface, make):
+    assert verifyObject(interface, make())

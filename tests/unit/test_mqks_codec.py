@@ -1,0 +1,114 @@
+"""MQKS formats and argument parsing."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mqserver.model import Message
+from mqserver.protocols.mqks import codec
+from mqserver.protocols.mqks.codec import MQKSError
+
+
+def test_error_id_is_24_characters_date_then_random():
+    eid = codec.error_id(0.5, b"\x00\x01\x02\x03")
+    assert eid == b"19700101000000500000" + b"0123"
+    assert len(codec.error_id(1.7e9)) == 24
+
+
+def test_delivery_line_with_and_without_retry():
+    message = Message(b"m1", b"q", b"d 1  x", event=b"e1")
+    assert codec.delivery(b"c1", message) == b"c1 ok m1 event=e1 d 1  x\n"
+    message.retry = 2
+    assert codec.delivery(b"c1", message) == b"c1 ok m1 event=e1,retry=2 d 1  x\n"
+
+
+def test_delivery_of_a_queue_message_with_newlines_stays_one_line():
+    message = Message(b"m1", b"jobs", b"a\nb\\c\r")
+    assert codec.delivery(b"c", message) == b"c ok m1 event=jobs a\\nb\\\\c\\r\n"
+
+
+@pytest.mark.parametrize(
+    ("args", "line"),
+    [
+        ((set(), None, False, False), b"c ok --update q\n"),
+        (({b"e2", b"e1"}, 5.0, False, True), b"c ok --update q e1 e2 --delete-queue-when-unused=5.0 --manual-ack\n"),
+        (({b"e"}, 0.0, True, False), b"c ok --update q e --delete-queue-when-unused\n"),
+        (({b"e"}, 0.0, False, False), b"c ok --update q e --delete-queue-when-unused=0.0\n"),
+    ],
+)
+def test_update_line(args, line):
+    assert codec.update_line(b"c", b"q", *args) == line
+
+
+def test_parse_consume_full():
+    args = codec.parse_consume(
+        b"--confirm q1 e1 e2 --add e3 --delete-queue-when-unused=5 --manual-ack"
+    )
+    assert (args.confirm, args.queue, args.replace, args.add) == (True, b"q1", [b"e1", b"e2"], [b"e3"])
+    assert (args.delete_when_unused, args.bare, args.manual_ack, args.has_add) == (5.0, False, True, True)
+
+
+def test_parse_consume_flags_anywhere_and_bare_auto_delete():
+    args = codec.parse_consume(b"--manual-ack q --delete-queue-when-unused e")
+    assert (args.queue, args.replace, args.delete_when_unused, args.bare) == (b"q", [b"e"], 0.0, True)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"q --bogus", b"q e --confirm", b"", b"--manual-ack", b"q --delete-queue-when-unused=x",
+     b"q --delete-queue-when-unused=-1", b"q --delete-queue-when-unused=inf",
+     b"q --delete-queue-when-unused=nan"],
+)
+def test_parse_consume_errors(data):
+    with pytest.raises(MQKSError):
+        codec.parse_consume(data)
+
+
+def test_parse_rebind_collects_each_list():
+    args = codec.parse_rebind(b"--confirm q a b --remove c --remove-mask d.* --add e f --remove g")
+    assert (args.confirm, args.queue) == (True, b"q")
+    assert (args.replace, args.remove, args.remove_mask, args.add) == (
+        [b"a", b"b"], [b"c", b"g"], [b"d.*"], [b"e", b"f"]
+    )
+    assert codec.parse_rebind(b"q").remove_all
+
+
+@pytest.mark.parametrize("data", [b"", b"--add x", b"q --nope x"])
+def test_parse_rebind_errors(data):
+    with pytest.raises(MQKSError):
+        codec.parse_rebind(data)
+
+
+def test_parse_settle_and_single():
+    assert codec.parse_settle(b"--confirm c1 --all") == (True, b"c1", b"--all")
+    assert codec.parse_settle(b"c1 m1") == (False, b"c1", b"m1")
+    assert codec.parse_single(b"--confirm q", "queue") == (True, b"q")
+    for bad in (b"c1", b"c1 m1 x", b""):
+        with pytest.raises(MQKSError):
+            codec.parse_settle(bad)
+    with pytest.raises(MQKSError):
+        codec.parse_single(b"a b", "queue")
+
+
+def test_parse_eval():
+    assert codec.parse_eval(b"--worker=0 len(state.queues)") == (0, "len(state.queues)")
+    assert codec.parse_eval(b"WORKERS") == (None, "WORKERS")
+    with pytest.raises(MQKSError):
+        codec.parse_eval(b"--worker=x 1")
+
+
+@given(st.binary(max_size=200))
+def test_parsers_only_ever_raise_mqks_error(data):
+    for parse in (codec.parse_consume, codec.parse_rebind, codec.parse_settle, codec.parse_eval):
+        try:
+            parse(data)
+        except MQKSError:
+            pass
+
+
+@given(st.binary(max_size=300))
+def test_escaped_body_never_contains_a_line_break(body):
+    escaped = codec.escape_body(body)
+    assert b"\n" not in escaped and b"\r" not in escaped

@@ -1,0 +1,57 @@
+"""Options and makeService, on a memory reactor."""
+
+from __future__ import annotations
+
+import pytest
+from twisted.internet.testing import MemoryReactorClock
+from twisted.python import usage
+
+from mqserver import tap
+
+
+def parse(*args: str) -> tap.Options:
+    options = tap.Options()
+    options.parseOptions(list(args))
+    return options
+
+
+def test_defaults_listen_with_every_protocol_on_loopback():
+    options = parse()
+    assert ("mqks", "tcp:25000:interface=127.0.0.1") in options["protocols"]
+    assert all("interface=127.0.0.1" in endpoint for _, endpoint in options["protocols"])
+    assert options["storage"] == "memory"
+
+
+def test_protocol_with_and_without_endpoint():
+    options = parse("--protocol", "mqks:tcp:0:interface=127.0.0.1", "--protocol=mqks")
+    assert options["protocols"] == [
+        ("mqks", "tcp:0:interface=127.0.0.1"),
+        ("mqks", "tcp:25000:interface=127.0.0.1"),
+    ]
+
+
+def test_unknown_names_list_the_available_ones():
+    with pytest.raises(usage.UsageError, match="unknown protocol 'nope'; available: .*mqks"):
+        parse("--protocol", "nope")
+    with pytest.raises(usage.UsageError, match="unknown storage 'nope'; available: .*memory"):
+        parse("--storage", "nope")
+
+
+def test_help_documents_plugin_options():
+    text = str(tap.Options())
+    for flag in ("--protocol", "--storage", "--mqks-max-line", "--ttl-interval"):
+        assert flag in text
+
+
+def test_make_service_opens_storage_then_listens():
+    reactor = MemoryReactorClock()
+    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--no-gc-tuning")
+    service = tap.makeService(options, reactor=reactor)
+    service.startService()
+    assert service.ready.called
+    [(port, factory, _backlog, interface)] = reactor.tcpServers
+    assert (port, interface) == (4321, "127.0.0.1")
+    assert factory.broker is service.broker
+    reactor.advance(5)  # the TTL sweep runs on the injected clock
+    d = service.stopService()
+    assert d.called
