@@ -5,13 +5,15 @@ Packages are listed explicitly: ``find_packages`` would miss
 ``twistd`` cannot find the ``mqserver`` plugin.
 """
 
+from pathlib import Path
+
 from setuptools import setup
 
 setup(
     name="mqserver",
     version="0.1.0",
     description="A Twisted message broker speaking MQKS, PHPMQ and eMQP over one queue core",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     license="MIT",
     python_requires=">=3.11",

@@ -140,7 +140,9 @@ class StoreContract:
             [(REQUEUE, moved, 1)],
         )
         got = recovered.queues[b"q"].messages
-        assert [(m.id, m.seq, m.retry) for m in got] == [(b"m2", 2, 0), (b"m3", 3, 0), (b"m1", 10, 1)]
+        assert [(m.id, m.seq, m.retry) for m in got] == [
+            (b"m2", 2, 0), (b"m3", 3, 0), (b"m1", 10, 1),
+        ]
         assert got[-1].expires_at == 9.0
         assert recovered.next_seq > 10
 

@@ -127,7 +127,7 @@ class BindingIndex:
         else:
             part = parts[depth]
             if b"*" in part:
-                regex, child = node.wild[part]
+                _regex, child = node.wild[part]
                 if self._unbind_mask(child, parts, depth + 1, mask, queue):
                     del node.wild[part]
             else:

@@ -32,7 +32,7 @@ from mqserver.model import (
 )
 
 
-class StoreClosed(Exception):
+class StoreClosedError(Exception):
     """An operation was attempted on a store that is not open."""
 
 
@@ -63,7 +63,7 @@ class MemoryStore:
 
     def apply(self, ops: list[tuple[Any, ...]]) -> Deferred[None]:
         if not self.is_open:
-            return fail(StoreClosed("apply() on a closed store"))
+            return fail(StoreClosedError("apply() on a closed store"))
         for op in ops:
             self._apply_one(op)
         return succeed(None)

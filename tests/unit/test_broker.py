@@ -118,7 +118,7 @@ def test_restore_keeps_seq_order_across_consumers(broker, clock):
 
 def test_dead_letter_moves_to_target_or_deletes(broker, clock):
     broker.declare_queue(b"q", QueueOptions(dead_letter=b"dlq"))
-    conn, sink = connect(broker)
+    conn, _sink = connect(broker)
     consumer = broker.consume(conn, b"c", b"q")
     broker.publish_to_queue(b"q", b"m1", b"one")
     broker.publish_to_queue(b"plain", b"m2", b"two")
@@ -165,7 +165,7 @@ def test_max_length_drops_oldest(broker):
 
 
 def test_delete_when_unused_immediately_and_after_delay(broker, clock):
-    conn, sink = connect(broker)
+    conn, _sink = connect(broker)
     broker.declare_queue(b"now", QueueOptions(delete_when_unused=0))
     broker.cancel(broker.consume(conn, b"c1", b"now"))
     assert b"now" not in broker.queues
@@ -275,7 +275,7 @@ def test_a_failing_sink_does_not_stop_other_queues(broker, clock):
 
 @pytest.mark.parametrize("requeue", [True, False])
 def test_cancel_without_requeue_drops(broker, clock, requeue):
-    conn, sink = connect(broker)
+    conn, _sink = connect(broker)
     consumer = broker.consume(conn, b"c", b"q")
     broker.publish_to_queue(b"q", b"m", b"x")
     clock.advance(0)
@@ -287,7 +287,7 @@ def test_recovered_state_loads(clock):
     store = MemoryStore()
     first = Broker(store, clock)
     store.open()
-    from mqserver.model import DECLARE, ENQUEUE, BIND, Message
+    from mqserver.model import BIND, DECLARE, ENQUEUE, Message
 
     store.apply([
         (DECLARE, b"q", QueueOptions(dead_letter=b"d")),

@@ -31,9 +31,9 @@ def test_protocol_with_and_without_endpoint():
 
 
 def test_unknown_names_list_the_available_ones():
-    with pytest.raises(usage.UsageError, match="unknown protocol 'nope'; available: .*mqks"):
+    with pytest.raises(usage.UsageError, match=r"unknown protocol 'nope'; available: .*mqks"):
         parse("--protocol", "nope")
-    with pytest.raises(usage.UsageError, match="unknown storage 'nope'; available: .*memory"):
+    with pytest.raises(usage.UsageError, match=r"unknown storage 'nope'; available: .*memory"):
         parse("--storage", "nope")
 
 

@@ -204,7 +204,9 @@ class MQKSProtocol(Protocol):
             d.addErrback(self._confirm_failed, request_id)
             self._ok(request_id)
             return
-        d.addCallbacks(lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,))
+        d.addCallbacks(
+            lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,)
+        )
 
     def _confirm_failed(self, failure: Failure, request_id: bytes) -> None:
         self._error(request_id, f"storage failed: {failure.getErrorMessage()}")
