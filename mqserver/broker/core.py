@@ -376,6 +376,16 @@ class Broker:
         self._kick(queue)
         return True
 
+    def ack_any(self, queue_name: bytes, message_id: bytes) -> bool:
+        """Ack a delivery of ``queue_name`` whichever consumer holds it (PHPMQ 004)."""
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            return False
+        for consumer in queue.consumers:
+            if message_id in consumer.unacked:
+                return self.ack(consumer, message_id)
+        return False
+
     def ack_all(self, consumer: Consumer) -> int:
         ids = list(consumer.unacked)
         for message_id in ids:

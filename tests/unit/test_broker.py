@@ -299,3 +299,17 @@ def test_recovered_state_loads(clock):
     assert first.queues[b"q"].options.dead_letter == b"d"
     assert first.publish_event(b"e", b"m2", b"y") == 1
     assert [m.seq for m in first.queues[b"q"].ready] == [7, 8]
+
+
+def test_ack_any_settles_whoever_holds_it(broker, clock):
+    conn_a, a = connect(broker)
+    conn_b, b = connect(broker)
+    broker.consume(conn_a, b"a", b"q")
+    holder = broker.consume(conn_b, b"b", b"q")
+    broker.publish_to_queue(b"q", b"m1", b"1")
+    broker.publish_to_queue(b"q", b"m2", b"2")
+    clock.advance(0)
+    assert broker.ack_any(b"q", b"m2")
+    assert holder.unacked == {}
+    assert not broker.ack_any(b"q", b"m2")
+    assert not broker.ack_any(b"nope", b"m1")

@@ -284,12 +284,12 @@ _BUILTINS: dict[str, Any] = {
 }  # str and repr come from the interpreter, which weighs their argument first
 _STR = ["split", "rsplit", "splitlines", "startswith", "endswith", "upper", "lower", "strip",
         "lstrip", "rstrip", "find", "rfind", "rindex", "partition", "rpartition", "isdigit",
-        "isalpha", "isalnum", "isspace", "count", "index"]  # no format, replace, ljust...
+        "isalpha", "isalnum", "isspace", "count", "index"]  # not format, replace, encode...
 _SET = ["union", "intersection", "difference", "symmetric_difference", "issubset",
         "issuperset", "isdisjoint", "copy"]
 _METHODS: dict[type, dict[str, Callable[..., Any]]] = {
     t: {n: getattr(t, n) for n in names} for t, names in [
-        (str, [*_STR, "encode"]), (bytes, [*_STR, "decode"]), (list, ["count", "index", "copy"]),
+        (str, _STR), (bytes, _STR), (list, ["count", "index", "copy"]),
         (tuple, ["count", "index"]), (dict, ["keys", "values", "items", "get", "copy"]),
         (set, _SET), (frozenset, _SET)]
 }
@@ -629,7 +629,7 @@ def safe_eval(code: str, names: Mapping[str, object]) -> object:
     try:
         tree = ast.parse(code, mode="eval")
     except Exception as exc:  # SyntaxError, also ValueError, MemoryError, RecursionError
-        raise EvalError(f"syntax error: {exc or type(exc).__name__}"[:200]) from None
+        raise EvalError(f"syntax error: {str(exc) or type(exc).__name__}"[:200]) from None
     try:
         interp.check(tree.body, frozenset(), 0)
         result = interp.eval(tree.body, interp.scope)

@@ -1,0 +1,1 @@
+"""Benchmarks (see docs/performance.md); run as ``python -m bench.<name>``."""

@@ -1,0 +1,103 @@
+"""W1 over MQKS: publish N messages pipelined, then drain and ack them all.
+
+    python -m bench.mqks_w1 [--messages N] [--size S] [--rounds R] [--storage NAME]
+
+Starts ``twistd -n mqserver`` on an ephemeral port, uses lean raw-socket
+clients (pre-encoded lines, one recv per chunk), prints msgs/s for produce,
+drain and total, the median of the rounds, and the client's CPU time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+LISTENING = re.compile(r"mqks listening on [\d.]+:(\d+)")
+
+
+def start_server(storage: str, workdir: str) -> tuple[subprocess.Popen, int]:
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    process = subprocess.Popen(
+        [twistd, "-n", "--pidfile=", "mqserver", "--protocol=mqks:tcp:0:interface=127.0.0.1",
+         f"--storage={storage}", f"--data-dir={workdir}/data"],
+        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    assert process.stdout is not None
+    for line in process.stdout:
+        match = LISTENING.search(line)
+        if match:
+            return process, int(match.group(1))
+    raise RuntimeError("server did not start")
+
+
+def one_round(port: int, queue: str, count: int, size: int) -> tuple[float, float]:
+    body = b"x" * size
+    producer = socket.create_connection(("127.0.0.1", port))
+    # bind first so the queue keeps what is published before anyone consumes
+    producer.sendall(f"rb rebind --confirm {queue} ev{queue}\n".encode())
+    assert producer.recv(100) == b"rb ok \n"
+    lines = b"".join(b"m%d publish ev%s %s\n" % (n, queue.encode(), body) for n in range(count))
+    lines += b"done publish --confirm nobody x\n"
+    started = time.perf_counter()
+    producer.sendall(lines)
+    reply = b""
+    while not reply.endswith(b"done ok \n"):
+        reply += producer.recv(100)
+    produced = time.perf_counter()
+    consumer = socket.create_connection(("127.0.0.1", port))
+    consumer.sendall(f"c{queue} consume {queue} --manual-ack\n".encode())
+    received = 0
+    pending = b""
+    prefix = f"c{queue} ok ".encode()
+    while received < count:
+        chunk = consumer.recv(1 << 20)
+        data = pending + chunk
+        cut = data.rfind(b"\n") + 1
+        complete, pending = data[:cut], data[cut:]
+        ids = [line[len(prefix):line.index(b" ", len(prefix))] for line in complete.split(b"\n")[:-1]]
+        received += len(ids)
+        consumer.sendall(b"".join(b"a ack c%s %s\n" % (queue.encode(), mid) for mid in ids))
+    drained = time.perf_counter()
+    producer.close()
+    consumer.close()
+    return produced - started, drained - produced
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--size", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--storage", default="memory")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as workdir:
+        process, port = start_server(args.storage, workdir)
+        try:
+            results = []
+            cpu0 = resource.getrusage(resource.RUSAGE_SELF)
+            for n in range(args.rounds):
+                results.append(one_round(port, f"q{n}", args.messages, args.size))
+            cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+        finally:
+            process.terminate()
+            process.wait()
+    produce = statistics.median(args.messages / p for p, _ in results)
+    drain = statistics.median(args.messages / d for _, d in results)
+    total = statistics.median(args.messages / (p + d) for p, d in results)
+    cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
+    wall = sum(p + d for p, d in results)
+    print(f"W1 mqks storage={args.storage} N={args.messages} S={args.size} rounds={args.rounds}")
+    print(f"produce {produce:,.0f} msgs/s  drain {drain:,.0f} msgs/s  total {total:,.0f} msgs/s")
+    print(f"client CPU {cpu:.2f} s over {wall:.2f} s wall ({100 * cpu / wall:.0f}%)")
+
+
+if __name__ == "__main__":
+    main()
