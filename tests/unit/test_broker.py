@@ -302,8 +302,8 @@ def test_recovered_state_loads(clock):
 
 
 def test_ack_any_settles_whoever_holds_it(broker, clock):
-    conn_a, a = connect(broker)
-    conn_b, b = connect(broker)
+    conn_a, _ = connect(broker)
+    conn_b, _ = connect(broker)
     broker.consume(conn_a, b"a", b"q")
     holder = broker.consume(conn_b, b"b", b"q")
     broker.publish_to_queue(b"q", b"m1", b"1")

@@ -246,6 +246,12 @@ def test_eval_answers_stats_and_never_runs_code(h):
     assert all(EID.search(line) for line in lines)
 
 
+def test_eval_result_that_is_not_utf8_is_escaped(h):
+    c = h.connect()
+    c.send(b"e _eval '\\ud800'", b"n _eval 'a\\nb'")
+    assert c.lines() == [b"e ok \\ud800", b"n ok a\\nb"]
+
+
 def test_tab_is_ordinary_data(h):
     c = h.connect()
     c.send(b"t1 ping a\tb")

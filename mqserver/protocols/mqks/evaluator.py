@@ -6,7 +6,7 @@ remote code execution for anyone who could connect.  Its users (stats.py and
 operators' one-liners) only ever *read* counters and sizes, so here the code
 is parsed with ``ast`` and the tree is walked by this module, never compiled:
 only listed node kinds, names, attributes and callables.  Every value code can
-reach is a number, a string, a builtin container or a read-only view below,
+reach is a number, a string, a builtin container or a read-only view (stats_view),
 none of which leads back to the broker's objects or to Python internals.
 Work and sizes are capped so that a query can neither stall the reactor nor
 exhaust memory.  Any refusal or failure is an ``EvalError``.
@@ -18,7 +18,16 @@ import ast
 import operator
 from collections.abc import Callable, Iterator, Mapping
 from itertools import islice
+from time import monotonic
 from typing import Any
+
+from mqserver.protocols.mqks.stats_view import (
+    Flag,
+    QueueStat,
+    ReadOnlyMap,
+    StateView,
+    View,
+)
 
 MAX_CODE = 10_000  # characters of source
 MAX_NODES = 500  # AST nodes (operators and load contexts not counted)
@@ -28,6 +37,7 @@ MAX_SIZE = 1_000_000  # items of a range or repetition, characters of a new stri
 MAX_WEIGHT = 2_000_000  # items of a new container or of the result, nesting expanded
 MAX_INT_BITS = 10_000  # huge ints make str(), hashing and ** slow
 MAX_WORK = 4_000_000  # nodes evaluated + loop turns + items weighed: ~2 s at most
+MAX_SECONDS = 5.0  # also a clock: a loop of C-level calls (max(r) for _ in ...) is few steps
 
 
 Scope = dict[str, Any]
@@ -35,201 +45,6 @@ Scope = dict[str, Any]
 
 class EvalError(Exception):
     """The code was refused, or failed while being evaluated."""
-
-
-def _s(raw: bytes | str) -> str:
-    """Broker names are bytes; the original server showed them as str."""
-    return raw if isinstance(raw, str) else raw.decode("utf-8", "surrogateescape")
-
-
-# -- read-only views ---------------------------------------------------------
-
-
-class _View:
-    """Base of the objects code may see: only names in ``ALLOWED`` are reachable."""
-
-    __slots__ = ()
-    ALLOWED: frozenset[str] = frozenset()
-
-
-class ReadOnlyMap(_View, Mapping[Any, Any]):
-    """A dict snapshot nothing can change, with the Python 2 spellings of its methods."""
-
-    __slots__ = ("_data",)
-    ALLOWED = frozenset(
-        ["get", "has_key", "items", "iteritems", "iterkeys", "itervalues", "keys", "values"]
-    )
-
-    def __init__(self, data: dict[Any, Any]) -> None:
-        self._data = data
-
-    def __getitem__(self, key: Any) -> Any:
-        return self._data[key]
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
-
-    def __repr__(self) -> str:
-        return repr(self._data)
-
-    def keys(self) -> list[Any]:  # type: ignore[override]  # lists, as in Python 2
-        return list(self._data)
-
-    def values(self) -> list[Any]:  # type: ignore[override]
-        return list(self._data.values())
-
-    def items(self) -> list[tuple[Any, Any]]:  # type: ignore[override]
-        return list(self._data.items())
-
-    def itervalues(self) -> Iterator[Any]:
-        return iter(self._data.values())
-
-    def iteritems(self) -> Iterator[tuple[Any, Any]]:
-        return iter(self._data.items())
-
-    has_key = Mapping.__contains__
-    iterkeys = __iter__
-
-
-class QueueStat(_View):
-    """Stands for a gevent queue of the original server: only its size."""
-
-    __slots__ = ("_size",)
-    ALLOWED = frozenset({"qsize", "empty"})
-
-    def __init__(self, size: int) -> None:
-        self._size = size
-
-    def qsize(self) -> int:
-        return self._size
-
-    def empty(self) -> bool:
-        return not self._size
-
-    def __repr__(self) -> str:
-        return f"<Queue qsize={self._size}>"
-
-
-class Flag(_View):
-    """Stands for a gevent Event of the original (``queues_used``)."""
-
-    __slots__ = ("_set",)
-    ALLOWED = frozenset({"is_set", "isSet"})
-
-    def __init__(self, value: bool) -> None:
-        self._set = value
-
-    def is_set(self) -> bool:
-        return self._set
-
-    isSet = is_set
-
-    def __repr__(self) -> str:
-        return f"<Event set={self._set}>"
-
-
-class Sock(_View):
-    """A client socket stand-in: shows the peer and has no method at all."""
-
-    __slots__ = ("_peer",)
-
-    def __init__(self, peer: str) -> None:
-        self._peer = peer
-
-    def __repr__(self) -> str:
-        return f"<socket {self._peer}>"
-
-
-def _group(pairs: Iterator[tuple[str, Any]]) -> dict[str, set[Any]]:
-    out: dict[str, set[Any]] = {}
-    for key, value in pairs:
-        out.setdefault(key, set()).add(value)
-    return out
-
-
-# The fields of the original ``state`` module, each built from the broker (b),
-# the live MQKS consumers (cs: (str id, Consumer) pairs) and the view itself.
-_FIELDS: dict[str, Callable[[Any, list[tuple[str, Any]], StateView], Any]] = {
-    "published": lambda b, cs, v: b.published,
-    "queued": lambda b, cs, v: b.queued,  # copies put into queues
-    "consumed": lambda b, cs, v: b.delivered,
-    "worker": lambda b, cs, v: 0,
-    "commands_put": lambda b, cs, v: 0,  # one worker: no command goes between workers
-    "commands_got": lambda b, cs, v: 0,
-    "commands_to_workers": lambda b, cs, v: {},
-    "queues": lambda b, cs, v: {_s(n): QueueStat(len(q.ready)) for n, q in b.queues.items()},
-    "queues_used": lambda b, cs, v: {
-        _s(n): Flag(bool(q.consumers)) for n, q in b.queues.items()},
-    "queues_to_delete_when_unused": lambda b, cs, v: {
-        _s(n): q.options.delete_when_unused for n, q in b.queues.items()
-        if q.options.delete_when_unused is not None},
-    "events_by_queues": lambda b, cs, v: {
-        _s(q): {_s(e) for e in es} for q, es in b.bindings.by_queue.items()},
-    "queues_by_events": lambda b, cs, v: _group(
-        (e, q) for q, es in v.events_by_queues.iteritems() for e in es),
-    "queues_by_consumer_ids": lambda b, cs, v: {cid: _s(c.queue.name) for cid, c in cs},
-    "consumers_by_queues": lambda b, cs, v: {
-        q: ReadOnlyMap(dict(acks)) for q, acks in _group(
-            (_s(c.queue.name), (cid, c.manual_ack)) for cid, c in cs).items()},
-    "messages_by_consumer_ids": lambda b, cs, v: {
-        cid: ReadOnlyMap({_s(mid): _s(m.body) for mid, m in c.unacked.items()})
-        for cid, c in cs},
-    "clients_by_consumer_ids": lambda b, cs, v: {cid: str(c.connection.id) for cid, c in cs},
-    "consumer_ids_by_clients": lambda b, cs, v: _group(
-        (client, cid) for cid, client in v.clients_by_consumer_ids.iteritems()),
-    "socks_by_clients": lambda b, cs, v: {
-        str(c.id): Sock(c.peer) for c in b.connections.values()},
-    "responses_by_clients": lambda b, cs, v: {str(c): QueueStat(0) for c in b.connections},
-}
-
-
-class StateView(_View):
-    """``state`` of the original server, built from the broker field by field.
-
-    Counters are read live; maps are snapshots made on first use, so a query
-    pays only for what it touches, and nothing it gets can change the broker.
-    """
-
-    __slots__ = ("_broker", "_cache", "_consumers")
-    ALLOWED = frozenset(_FIELDS)
-
-    def __init__(self, broker: Any, consumers: Mapping[bytes, Any]) -> None:
-        self._broker, self._cache = broker, {}
-        self._consumers = [(_s(cid), c) for cid, c in consumers.items() if c.active]
-
-    def __getattr__(self, name: str) -> Any:
-        if name not in _FIELDS:
-            raise AttributeError(name)
-        if name not in self._cache:
-            value = _FIELDS[name](self._broker, self._consumers, self)
-            self._cache[name] = ReadOnlyMap(value) if isinstance(value, dict) else value
-        return self._cache[name]
-
-    def __repr__(self) -> str:
-        return "<state>"
-
-
-def stats_names(
-    broker: Any,
-    consumers: Mapping[bytes, Any],
-    connection_id: int,
-    request_id: bytes,
-    workers: list[str],
-) -> dict[str, object]:
-    """The names ``_eval`` code sees: ``state``, ``config``, ``WORKERS``, ``request``.
-
-    ``consumers`` is every MQKS consumer by its (server-wide) id.  There is one
-    worker, so ``WORKERS`` is 1 and stats.py asks it exactly once.
-    """
-    return {
-        "state": StateView(broker, consumers),
-        "config": ReadOnlyMap({"workers": [_s(w) for w in workers]}),
-        "WORKERS": 1,
-        "request": ReadOnlyMap({"client": str(connection_id), "id": _s(request_id)}),
-    }
 
 
 # -- safe builtins and methods -----------------------------------------------
@@ -371,16 +186,20 @@ class _Interpreter:
 
     def __init__(self, names: Mapping[str, object]) -> None:
         self.work = self.calls = self.nodes = 0
-        builtins = {**_BUILTINS, "str": self._str, "repr": self._repr}
+        self.deadline = monotonic() + MAX_SECONDS
+        builtins = {**_BUILTINS, "str": self.weighed(str), "repr": self.weighed(repr)}
         self.callables = frozenset(id(f) for f in builtins.values())
         self.scope: Scope = {**builtins, **names}
         self.handlers = {kind: getattr(self, "_" + kind.__name__) for kind in _EXPRS | {
             ast.Lambda, *_COMPREHENSIONS} if kind is not ast.keyword}
 
     def tick(self, amount: int = 1) -> None:
+        """Every step costs work; any one step is bounded by the size caps."""
         self.work += amount
         if self.work > MAX_WORK:
             raise EvalError("too much work")
+        if monotonic() > self.deadline:
+            raise EvalError("too slow")
 
     def check(self, node: Any, bound: frozenset[str], depth: int) -> None:
         """Refuse before running anything: node kinds, free names, attributes, sizes."""
@@ -464,20 +283,19 @@ class _Interpreter:
             self.weigh(value)
         return value
 
-    def _str(self, value: Any = "") -> str:
-        self.weigh(value, views=True)
-        return str(value)
+    def weighed(self, convert: Callable[[Any], str]) -> Callable[..., str]:
+        """str() and repr() of what would expand too much are refused before they run."""
 
-    def _repr(self, value: Any) -> str:
-        self.weigh(value, views=True)
-        return repr(value)
+        def safe(value: Any = "") -> str:
+            self.weigh(value, views=True)
+            return convert(value)
+
+        return safe
 
     # evaluation: one method per node kind the check lets through
 
     def eval(self, node: Any, scope: Scope) -> Any:
-        self.work += 1
-        if self.work > MAX_WORK:
-            raise EvalError("too much work")
+        self.tick()
         return self.handlers[type(node)](node, scope)
 
     def _Constant(self, node: ast.Constant, scope: Scope) -> Any:
@@ -491,7 +309,7 @@ class _Interpreter:
 
     def _Attribute(self, node: ast.Attribute, scope: Scope) -> Any:
         obj, name = self.eval(node.value, scope), node.attr
-        if isinstance(obj, _View) and name in type(obj).ALLOWED and name[0] != "_":
+        if isinstance(obj, View) and name in type(obj).ALLOWED and name[0] != "_":
             attr = getattr(type(obj), name, None)
             return _Method(attr, obj) if callable(attr) else getattr(obj, name)
         method = _METHODS.get(type(obj), {}).get(name)
@@ -556,7 +374,7 @@ class _Interpreter:
         obj = self.eval(node.value, scope)
         if type(obj) not in _SUBSCRIPTABLE:
             raise EvalError(f"{type(obj).__name__} object is not subscriptable")
-        return obj[self.eval(node.slice, scope)]
+        return self.produced(obj[self.eval(node.slice, scope)])  # slices are copies
 
     def _Slice(self, node: ast.Slice, scope: Scope) -> slice:
         parts = (node.lower, node.upper, node.step)

@@ -22,7 +22,8 @@ from mqserver.interfaces import IDeliverySink
 from mqserver.model import Message
 from mqserver.protocols.mqks import codec
 from mqserver.protocols.mqks.codec import MQKSError
-from mqserver.protocols.mqks.evaluator import EvalError, safe_eval, stats_names
+from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
+from mqserver.protocols.mqks.stats_view import stats_names
 
 log = Logger()
 
@@ -330,5 +331,9 @@ class MQKSProtocol(Protocol):
             self.broker, self.factory.consumers, self.connection.id, request_id,
             self.factory.workers,
         )
-        result = str(safe_eval(code, names)).encode("utf-8", "surrogateescape")
+        text = str(safe_eval(code, names))
+        try:
+            result = text.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:  # a lone surrogate that no name produced
+            result = text.encode("utf-8", "backslashreplace")
         self._ok(request_id, codec.escape_body(result))
