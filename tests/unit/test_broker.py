@@ -313,3 +313,51 @@ def test_ack_any_settles_whoever_holds_it(broker, clock):
     assert holder.unacked == {}
     assert not broker.ack_any(b"q", b"m2")
     assert not broker.ack_any(b"nope", b"m1")
+
+
+class RecordingDurableStore(MemoryStore):
+    """A durable store whose batches complete when the test says so."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list] = []
+        self.pending: list = []
+
+    def apply(self, ops):
+        from twisted.internet.defer import Deferred
+
+        self.batches.append(list(ops))
+        d = Deferred()
+        self.pending.append(d)
+        return d
+
+
+def test_ops_of_one_turn_reach_a_durable_store_as_one_batch(clock):
+    from mqserver.model import ENQUEUE, REMOVE
+
+    store = RecordingDurableStore()
+    broker = Broker(store, clock)
+    conn, sink = connect(broker)
+    broker.declare_queue(b"q")
+    for n in range(3):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"x")
+    done = broker.durable()
+    clock.advance(0)
+    assert len(store.batches) == 1
+    assert [op[0] for op in store.batches[0]].count(ENQUEUE) == 3
+    assert not done.called
+    store.pending[0].callback(None)
+    assert done.called
+    consumer = broker.consume(conn, b"c", b"q")
+    clock.advance(0)
+    broker.ack(consumer, b"m0")
+    clock.advance(0)
+    assert (REMOVE, b"q", 1) in store.batches[-1]
+
+
+def test_memory_store_gets_no_ops_and_durable_fires_at_once(broker):
+    assert broker.writer is None
+    broker.publish_to_queue(b"q", b"m", b"x")
+    assert broker.durable().called

@@ -359,3 +359,27 @@ def test_garbage_never_crashes_and_the_connection_still_answers(data):
         c.protocol.dataReceived(b"\nzz ping alive\n")
         h.clock.advance(0)
         assert c.transport.value().endswith(b"zz ok alive\n")
+
+
+def test_confirm_waits_until_the_store_made_it_durable():
+    from twisted.internet.defer import Deferred
+
+    class SlowDurable(MemoryStore):
+        durable = True
+        pending: list = []
+
+        def apply(self, ops):
+            d = Deferred()
+            self.pending.append(d)
+            return d
+
+    h = Harness()
+    h.broker = Broker(SlowDurable(), h.clock)
+    h.factory = MQKSFactory(h.broker)
+    c = h.connect()
+    c.send("rb rebind q e")
+    SlowDurable.pending.pop().callback(None)
+    c.send("m1 publish --confirm e data", "p ping now")
+    assert c.lines() == [b"p ok now"]
+    SlowDurable.pending.pop().callback(None)
+    assert c.lines() == [b"m1 ok "]
