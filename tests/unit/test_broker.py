@@ -339,7 +339,7 @@ def test_ops_of_one_turn_reach_a_durable_store_as_one_batch(clock):
 
     store = RecordingDurableStore()
     broker = Broker(store, clock)
-    conn, sink = connect(broker)
+    conn, _ = connect(broker)
     broker.declare_queue(b"q")
     for n in range(3):
         broker.publish_to_queue(b"q", b"m%d" % n, b"x")
