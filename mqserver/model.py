@@ -20,6 +20,9 @@ from typing import Any
 #   (DECLARE, queue, QueueOptions)  create a queue or change its options
 #   (BIND, queue, event)            (UNBIND, queue, event)
 #   (DELETE_QUEUE, queue)           the queue, its bindings and its messages
+#   (PUT, namespace, key, value)    a record other than a message (eMQP
+#                                   schedules, ...); all three are bytes
+#   (DELETE, namespace, key)
 ENQUEUE = "enqueue"
 REMOVE = "remove"
 REQUEUE = "requeue"
@@ -27,7 +30,9 @@ DECLARE = "declare"
 BIND = "bind"
 UNBIND = "unbind"
 DELETE_QUEUE = "delete_queue"
-OP_KINDS = (ENQUEUE, REMOVE, REQUEUE, DECLARE, BIND, UNBIND, DELETE_QUEUE)
+PUT = "put"
+DELETE = "delete"
+OP_KINDS = (ENQUEUE, REMOVE, REQUEUE, DECLARE, BIND, UNBIND, DELETE_QUEUE, PUT, DELETE)
 
 
 def new_message_id() -> bytes:
@@ -137,7 +142,12 @@ class RecoveredQueue:
 
 @dataclass
 class Recovered:
-    """What ``IMessageStore.open`` fires with."""
+    """What ``IMessageStore.open`` fires with.
+
+    ``records`` holds what PUT ops stored and DELETE ops did not remove:
+    namespace -> key -> value.
+    """
 
     queues: dict[bytes, RecoveredQueue] = field(default_factory=dict)
     next_seq: int = 1
+    records: dict[bytes, dict[bytes, bytes]] = field(default_factory=dict)

@@ -25,8 +25,10 @@ from mqserver.interfaces import IDeliverySink, IMessageStore
 from mqserver.model import (
     BIND,
     DECLARE,
+    DELETE,
     DELETE_QUEUE,
     ENQUEUE,
+    PUT,
     REMOVE,
     REQUEUE,
     UNBIND,
@@ -201,6 +203,16 @@ class StoreContract:
         got = recovered.queues[b"q"].messages
         assert [m.seq for m in got] == [*range(1, 2001), 5000]
         assert got[-1].body == big.body
+
+    @pytest_twisted.inlineCallbacks
+    def test_records_put_replace_delete(self) -> Any:
+        recovered = yield self.roundtrip(
+            [(PUT, b"schedules", b"a", b"\x00one"), (PUT, b"schedules", b"b", b"two"),
+             (PUT, b"other", b"k", b"v")],
+            [(PUT, b"schedules", b"a", b"ONE"), (DELETE, b"schedules", b"b"),
+             (DELETE, b"other", b"k"), (DELETE, b"none", b"x")],
+        )
+        assert recovered.records == {b"schedules": {b"a": b"ONE"}}
 
     @pytest_twisted.inlineCallbacks
     def test_apply_after_close_fails(self) -> Any:

@@ -26,8 +26,10 @@ from mqserver.interfaces import IBroker, IMessageStore
 from mqserver.model import (
     BIND,
     DECLARE,
+    DELETE,
     DELETE_QUEUE,
     ENQUEUE,
+    PUT,
     REMOVE,
     REQUEUE,
     UNBIND,
@@ -59,6 +61,8 @@ class Broker:
         self._dirty: dict[bytes, Queue] = {}
         self._pump_call: Any = None
         self._expiry: list[tuple[float, bytes]] = []
+        # durable records that are not messages (eMQP schedules, ...)
+        self.records: dict[bytes, dict[bytes, bytes]] = {}
         # lifetime counters, for stats and MQKS _eval
         self.published = 0
         self.queued = 0
@@ -80,6 +84,8 @@ class Broker:
                 if message.expires_at is not None:
                     heapq.heappush(self._expiry, (message.expires_at, rq.name))
         self._seq = max(self._seq, recovered.next_seq)
+        for namespace, values in recovered.records.items():
+            self.records.setdefault(namespace, {}).update(values)
 
     def durable(self) -> Deferred[None]:
         return self.writer.wait() if self.writer is not None else succeed(None)
@@ -87,6 +93,15 @@ class Broker:
     def _op(self, op: tuple[Any, ...]) -> None:
         if self.writer is not None:
             self.writer.add(op)
+
+    def put_record(self, namespace: bytes, key: bytes, value: bytes) -> None:
+        """Keep a non-message record (durably, with a durable store)."""
+        self.records.setdefault(namespace, {})[key] = value
+        self._op((PUT, namespace, key, value))
+
+    def delete_record(self, namespace: bytes, key: bytes) -> None:
+        if self.records.get(namespace, {}).pop(key, None) is not None:
+            self._op((DELETE, namespace, key))
 
     # -- connections --------------------------------------------------------
 

@@ -20,8 +20,10 @@ from mqserver.interfaces import IMessageStore
 from mqserver.model import (
     BIND,
     DECLARE,
+    DELETE,
     DELETE_QUEUE,
     ENQUEUE,
+    PUT,
     REMOVE,
     REQUEUE,
     UNBIND,
@@ -45,12 +47,16 @@ class MemoryStore:
         self._bindings: dict[bytes, set[bytes]] = {}
         # queue -> seq -> message (copies, so later broker changes do not leak in)
         self._messages: dict[bytes, dict[int, Message]] = {}
+        self._records: dict[bytes, dict[bytes, bytes]] = {}
         self._next_seq = 1
         self.is_open = False
 
     def open(self) -> Deferred[Recovered]:
         self.is_open = True
-        recovered = Recovered(next_seq=self._next_seq)
+        recovered = Recovered(
+            next_seq=self._next_seq,
+            records={ns: dict(kv) for ns, kv in self._records.items() if kv},
+        )
         for name in self._options.keys() | self._messages.keys() | self._bindings.keys():
             messages = sorted(self._messages.get(name, {}).values(), key=lambda m: m.seq)
             recovered.queues[name] = RecoveredQueue(
@@ -88,6 +94,10 @@ class MemoryStore:
             self._bindings.setdefault(op[1], set()).add(op[2])
         elif kind == UNBIND:
             self._bindings.get(op[1], set()).discard(op[2])
+        elif kind == PUT:
+            self._records.setdefault(op[1], {})[op[2]] = op[3]
+        elif kind == DELETE:
+            self._records.get(op[1], {}).pop(op[2], None)
         elif kind == DELETE_QUEUE:
             self._options.pop(op[1], None)
             self._bindings.pop(op[1], None)

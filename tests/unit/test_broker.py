@@ -361,3 +361,17 @@ def test_memory_store_gets_no_ops_and_durable_fires_at_once(broker):
     assert broker.writer is None
     broker.publish_to_queue(b"q", b"m", b"x")
     assert broker.durable().called
+
+
+def test_records_are_kept_and_reach_a_durable_store(clock):
+    from mqserver.model import DELETE, PUT
+
+    store = RecordingDurableStore()
+    broker = Broker(store, clock)
+    broker.put_record(b"ns", b"k", b"v1")
+    broker.put_record(b"ns", b"k", b"v2")
+    broker.delete_record(b"ns", b"gone")
+    assert broker.records == {b"ns": {b"k": b"v2"}}
+    broker.delete_record(b"ns", b"k")
+    clock.advance(0)
+    assert store.batches == [[(PUT, b"ns", b"k", b"v1"), (PUT, b"ns", b"k", b"v2"), (DELETE, b"ns", b"k")]]
