@@ -20,7 +20,8 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqserver.broker.bindings import BindingIndex, mask_regex
-from mqserver.broker.queue import Connection, Consumer, Queue
+from mqserver.broker.dispatch import by_priority, round_robin
+from mqserver.broker.queue import Connection, Consumer, Queue, Slots
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
 from mqserver.model import (
@@ -39,6 +40,9 @@ from mqserver.model import (
 )
 
 log = Logger()
+
+MAX_RETRIES = "x-max-retries"
+"""Message header: redeliveries allowed before the message is dead-lettered."""
 
 KEEP: Any = object()
 """Marker for 'leave this setting as it is'."""
@@ -318,20 +322,38 @@ class Broker:
         queue_name: bytes,
         window: int | None = None,
         manual_ack: bool = True,
+        priority: int = 0,
+        slots: Slots | None = None,
     ) -> Consumer:
-        """Start a consumer; an existing one with the same id on the connection is replaced."""
+        """Start a consumer; an existing one with the same id on the connection is replaced.
+
+        ``priority`` (eMQP worker weight): consumers of a higher priority with
+        credit are served first.  ``slots``: credit shared by several consumers
+        (one eMQP worker on several queues), spent one per delivery and given
+        back with ``add_slots``.
+        """
         old = connection.consumers.get(consumer_id)
         if old is not None:
             self.cancel(old)
         queue = self.declare_queue(queue_name)
+        if priority or slots is not None:
+            queue.weighted = True
         if queue.unused_timer is not None:
             queue.unused_timer.cancel()
             queue.unused_timer = None
-        consumer = Consumer(consumer_id, queue, connection, window, manual_ack)
+        consumer = Consumer(consumer_id, queue, connection, window, manual_ack, priority, slots)
+        if slots is not None:
+            slots.consumers.append(consumer)
         queue.consumers.append(consumer)
         connection.consumers[consumer_id] = consumer
         self._kick(queue)
         return consumer
+
+    def add_slots(self, slots: Slots, count: int = 1) -> None:
+        """Give shared credit back (an eMQP READY) and dispatch to it."""
+        slots.free += count
+        for consumer in slots.consumers:
+            self._kick(consumer.queue)
 
     def set_window(self, consumer: Consumer, window: int | None) -> None:
         consumer.window = window
@@ -343,6 +365,8 @@ class Broker:
             return
         consumer.active = False
         queue = consumer.queue
+        if consumer.slots is not None and consumer in consumer.slots.consumers:
+            consumer.slots.consumers.remove(consumer)
         if consumer.connection.consumers.get(consumer.id) is consumer:
             del consumer.connection.consumers[consumer.id]
         consumers = queue.consumers
@@ -355,6 +379,8 @@ class Broker:
         if requeue and unacked:
             for message in unacked:
                 message.retry += 1
+            unacked = self._within_retry_limit(queue, unacked)
+            for message in unacked:
                 self._op((REQUEUE, message, message.seq))
             queue.requeued += len(unacked)
             self._restore(queue, unacked)
@@ -417,6 +443,9 @@ class Broker:
         message.seq = self._seq
         self._seq += 1
         message.retry += 1
+        if not self._within_retry_limit(queue, (message,)):
+            self._kick(queue)
+            return True
         if ttl is not KEEP:
             message.expires_at = self.clock.seconds() + ttl if ttl else None
         queue.rejected += 1
@@ -427,6 +456,18 @@ class Broker:
         self._op((REQUEUE, message, old_seq))
         self._kick(queue)
         return True
+
+    def _within_retry_limit(self, queue: Queue, messages: Iterable[Message]) -> list[Message]:
+        """Dead-letter messages redelivered more often than their ``x-max-retries`` allows."""
+        keep = []
+        for message in messages:
+            headers = message.headers
+            limit = headers.get(MAX_RETRIES) if headers else None
+            if limit is not None and message.retry > int(limit):
+                self._discard(queue, message, b"retries")
+            else:
+                keep.append(message)
+        return keep
 
     def reject_all(self, consumer: Consumer) -> int:
         ids = list(consumer.unacked)
@@ -478,63 +519,13 @@ class Broker:
         now = self.clock.seconds()
         for queue in dirty.values():
             try:
-                if not queue.deleted and self._dispatch(queue, now):
+                dispatch = by_priority if queue.weighted else round_robin
+                if not queue.deleted and dispatch(self, queue, now):
                     self._dirty[queue.name] = queue
             except Exception:
                 log.failure("dispatch failed for queue {queue!r}", queue=queue.name)
         if self._dirty:
             self._pump_call = self.clock.callLater(0, self._pump)
-
-    def _dispatch(self, queue: Queue, now: float) -> bool:
-        """Round-robin up to ``dispatch_batch`` messages; True if more could go now."""
-        ready = queue.ready
-        consumers = queue.consumers
-        count = len(consumers)
-        budget = self.dispatch_batch
-        i = queue.rr
-        idle = sent = 0
-        while ready and count:
-            if sent >= budget:
-                queue.rr = i
-                self._count_delivered(queue, sent)
-                return True
-            if i >= count:
-                i = 0
-            consumer = consumers[i]
-            i += 1
-            unacked = consumer.unacked
-            if consumer.paused or (
-                consumer.window is not None and len(unacked) >= consumer.window
-            ):
-                idle += 1
-                if idle >= count:
-                    break
-                continue
-            message = ready.popleft()
-            if message.expires_at is not None:
-                queue.ttl_ready -= 1
-                if message.expires_at <= now:
-                    self._discard(queue, message, b"expired")
-                    i -= 1
-                    continue
-            if consumer.manual_ack:
-                if message.id in unacked:
-                    # the same id is still unacked here: wait for its settling
-                    queue.restore((message,))
-                    idle += 1
-                    if idle >= count:
-                        break
-                    continue
-                unacked[message.id] = message
-            else:
-                self._op((REMOVE, queue.name, message.seq))
-            idle = 0
-            sent += 1
-            consumer.delivered += 1
-            consumer.sink.deliver(consumer, message)
-        queue.rr = i
-        self._count_delivered(queue, sent)
-        return False
 
     def _restore(self, queue: Queue, messages: Iterable[Message]) -> None:
         """Messages back to ready at their original place, with their expiry watched."""
@@ -544,7 +535,7 @@ class Broker:
                 heapq.heappush(self._expiry, (message.expires_at, queue.name))
         self._kick(queue)
 
-    def _count_delivered(self, queue: Queue, sent: int) -> None:
+    def count_delivered(self, queue: Queue, sent: int) -> None:
         queue.delivered += sent
         self.delivered += sent
 

@@ -34,8 +34,10 @@ class Queue:
         "rejected",
         "requeued",
         "rr",
+        "rr_by_priority",
         "ttl_ready",
         "unused_timer",
+        "weighted",
     )
 
     def __init__(self, name: bytes, options: QueueOptions, created_at: float) -> None:
@@ -45,6 +47,9 @@ class Queue:
         self.ready: deque[Message] = deque()
         self.consumers: list[Consumer] = []
         self.rr = 0
+        self.rr_by_priority: dict[int, int] = {}
+        # consumers with priorities or shared slots: dispatch by priority
+        self.weighted = False
         # ready messages carrying an expiry; lets the TTL sweep skip queues
         self.ttl_ready = 0
         self.unused_timer: Any = None
@@ -99,8 +104,10 @@ class Consumer:
         "id",
         "manual_ack",
         "paused",
+        "priority",
         "queue",
         "sink",
+        "slots",
         "unacked",
         "window",
     )
@@ -112,8 +119,12 @@ class Consumer:
         connection: Connection,
         window: int | None,
         manual_ack: bool,
+        priority: int = 0,
+        slots: Slots | None = None,
     ) -> None:
         self.id = id
+        self.priority = priority
+        self.slots = slots
         self.queue = queue
         self.connection = connection
         self.sink = connection.sink
@@ -125,10 +136,27 @@ class Consumer:
         self.delivered = self.acked = 0
 
     def has_credit(self) -> bool:
-        return not self.paused and (self.window is None or len(self.unacked) < self.window)
+        return (
+            not self.paused
+            and (self.window is None or len(self.unacked) < self.window)
+            and (self.slots is None or self.slots.free > 0)
+        )
 
     def __repr__(self) -> str:
         return f"<Consumer {self.id!r} on {self.queue.name!r} unacked={len(self.unacked)}>"
+
+
+class Slots:
+    """Credit shared by several consumers: an eMQP worker's READY count across its queues."""
+
+    __slots__ = ("consumers", "free")
+
+    def __init__(self, free: int = 0) -> None:
+        self.free = free
+        self.consumers: list[Consumer] = []
+
+    def __repr__(self) -> str:
+        return f"<Slots free={self.free} consumers={len(self.consumers)}>"
 
 
 class Connection:
