@@ -23,6 +23,7 @@ setup(
         "mqserver.storage",
         "mqserver.protocols",
         "mqserver.protocols.mqks",
+        "mqserver.protocols.phpmq",
         "twisted.plugins",
     ],
     install_requires=[

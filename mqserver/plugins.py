@@ -33,6 +33,43 @@ class MQKSProtocolPlugin:
         return MQKSFactory(broker, max_line=int(config.get("mqks-max-line", 16 * 1024 * 1024)))
 
 
+def _phpmq_revision(value: str) -> str:
+    """Checks ``--phpmq-revision`` while options are parsed, not when listening starts."""
+    if value not in ("auto", "2017", "2018"):
+        raise ValueError(f"--phpmq-revision must be auto, 2017 or 2018, not {value!r}")
+    return value
+
+
+_phpmq_revision.coerceDoc = "One of auto, 2017, 2018."  # type: ignore[attr-defined]
+
+
+@implementer(IPlugin, IProtocolPlugin)
+class PHPMQProtocolPlugin:
+    name = "phpmq"
+    description = "PHPMQ: length-prefixed frames, credit windows, revisions 2017 and 2018"
+    default_endpoint = "tcp:9100:interface=127.0.0.1"
+    options = [
+        ["phpmq-max-content", None, 16 * 1024 * 1024,
+         "PHPMQ: largest package content in bytes; a larger one closes the connection.", int],
+        ["phpmq-dead-letter-suffix", None, "",
+         "PHPMQ: queues named in 001/002 dead-letter (006, expiry) into NAME+SUFFIX; empty: none."],
+        ["phpmq-revision", None, "auto",
+         "PHPMQ: 003 form to send: auto (2017 until a client sends a 2018-only frame), "
+         "2017 or 2018.", _phpmq_revision],
+    ]
+
+    def build_factory(self, broker: Any, config: Any) -> Any:
+        from mqserver.protocols.phpmq.protocol import PHPMQFactory
+
+        revision = str(config.get("phpmq-revision", "auto"))
+        return PHPMQFactory(
+            broker,
+            max_content=int(config.get("phpmq-max-content", 16 * 1024 * 1024)),
+            dead_letter_suffix=str(config.get("phpmq-dead-letter-suffix", "")).encode("utf-8"),
+            revision=None if revision == "auto" else int(_phpmq_revision(revision)),
+        )
+
+
 @implementer(IPlugin, IStoragePlugin)
 class MemoryStoragePlugin:
     name = "memory"
@@ -46,4 +83,5 @@ class MemoryStoragePlugin:
 
 
 mqks = MQKSProtocolPlugin()
+phpmq = PHPMQProtocolPlugin()
 memory = MemoryStoragePlugin()

@@ -29,4 +29,5 @@ def test_wheel_contents(tmp_path):
     assert "twisted/plugins/__init__.py" not in names
     assert "twisted/__init__.py" not in names
     assert "mqserver/protocols/mqks/protocol.py" in names
+    assert "mqserver/protocols/phpmq/protocol.py" in names
     assert not any(name.startswith("tests/") for name in names)

@@ -149,3 +149,18 @@ def connect(mqks_server: Server) -> Iterator:
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def line_client() -> Iterator:
+    """MQKS LineClients to any port, for servers started with several protocols."""
+    clients: list[LineClient] = []
+
+    def make(port: int) -> LineClient:
+        client = LineClient(port)
+        clients.append(client)
+        return client
+
+    yield make
+    for client in clients:
+        client.close()

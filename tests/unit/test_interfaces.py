@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.task import Clock
 from twisted.plugin import IPlugin
 from zope.interface.verify import verifyObject
@@ -15,8 +16,9 @@ from mqserver.interfaces import (
     IProtocolPlugin,
     IStoragePlugin,
 )
-from mqserver.plugins import memory, mqks
+from mqserver.plugins import memory, mqks, phpmq
 from mqserver.protocols.mqks.protocol import MQKSFactory
+from mqserver.protocols.phpmq.protocol import PHPMQFactory
 from mqserver.storage.memory import MemoryStore
 from mqserver.testing import RecordingSink
 
@@ -25,14 +27,22 @@ def _mqks_protocol():
     return MQKSFactory(Broker(MemoryStore(), Clock())).buildProtocol(None)
 
 
+def _phpmq_protocol():
+    return PHPMQFactory(Broker(MemoryStore(), Clock())).buildProtocol(None)
+
+
 IMPLEMENTATIONS = [
     (IMessageStore, MemoryStore),
     (IStoragePlugin, lambda: memory),
     (IPlugin, lambda: memory),
     (IProtocolPlugin, lambda: mqks),
     (IPlugin, lambda: mqks),
+    (IProtocolPlugin, lambda: phpmq),
+    (IPlugin, lambda: phpmq),
     (IBroker, lambda: Broker(MemoryStore(), Clock())),
     (IDeliverySink, _mqks_protocol),
+    (IDeliverySink, _phpmq_protocol),
+    (IPushProducer, _phpmq_protocol),
     (IDeliverySink, RecordingSink),
 ]
 

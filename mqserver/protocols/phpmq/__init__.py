@@ -1,0 +1,1 @@
+"""PHPMQ (php-mq/protocol): length-prefixed frames, both revisions in the wild."""

@@ -1,0 +1,319 @@
+# -*- test-case-name: tests.unit.test_phpmq_codec -*-
+"""PHPMQ frames: pure encoding and incremental decoding, no I/O.
+
+A frame is an 8-byte message header ``H`` + 2-digit version + 3-digit type +
+2-digit package count, followed by that many packages, each a 32-byte
+package header ``P`` + 2-digit package type + 29-digit zero-padded content
+length, then the raw content.  Nothing separates them: the line breaks in the
+upstream README are display only, and its 36-byte package header example is
+wrong (see docs/protocols/phpmq.md).
+
+Two revisions share version ``01``; the only way to tell them apart is the
+package count, so unlike the original parser this one honours it: every
+(type, count) pair has one fixed set of package types (``LAYOUTS``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+VERSION = 1
+MESSAGE_HEADER_SIZE = 8
+PACKAGE_HEADER_SIZE = 32
+DEFAULT_MAX_CONTENT = 16 * 1024 * 1024
+MAX_NUMBER_DIGITS = 18
+"""Counts and TTLs longer than this are refused before ``int()`` sees them."""
+
+# message types
+PUBLISH = 1
+CONSUME = 2
+DISPATCH = 3
+ACK = 4
+REQUEUE = 5
+DEAD_LETTER = 6
+
+# package types
+QUEUE = 1
+CONTENT = 2
+MESSAGE_ID = 3
+COUNT = 4
+TTL = 5
+
+TYPE_NAMES = {
+    PUBLISH: "publish",
+    CONSUME: "consume",
+    DISPATCH: "dispatch",
+    ACK: "ack",
+    REQUEUE: "requeue",
+    DEAD_LETTER: "dead letter",
+}
+
+LAYOUTS: dict[tuple[int, int], tuple[int, ...]] = {
+    (PUBLISH, 2): (QUEUE, CONTENT),
+    (PUBLISH, 3): (QUEUE, CONTENT, TTL),
+    (CONSUME, 2): (QUEUE, COUNT),
+    (DISPATCH, 3): (QUEUE, CONTENT, MESSAGE_ID),
+    (DISPATCH, 4): (QUEUE, CONTENT, MESSAGE_ID, TTL),
+    (ACK, 2): (QUEUE, MESSAGE_ID),
+    (REQUEUE, 3): (QUEUE, MESSAGE_ID, TTL),
+    (DEAD_LETTER, 2): (QUEUE, MESSAGE_ID),
+}
+"""Package types in the order they are sent, for every valid (type, count)."""
+
+R2018_ONLY = frozenset({(PUBLISH, 3), (DISPATCH, 4), (REQUEUE, 3), (DEAD_LETTER, 2)})
+"""Frames that exist only in revision 2018: seeing one tells us what a client speaks."""
+
+_LAYOUT_SETS = {key: frozenset(layout) for key, layout in LAYOUTS.items()}
+
+
+class PHPMQError(ValueError):
+    """A malformed frame.  PHPMQ has no error frame, so this ends the connection."""
+
+
+@dataclass(slots=True)
+class Frame:
+    """One decoded message: its type and its packages by package type."""
+
+    type: int
+    packages: dict[int, bytes]
+
+    @property
+    def revision(self) -> int:
+        """2018 for a frame only revision 2018 has, else 2017 (which 2018 also accepts)."""
+        return 2018 if (self.type, len(self.packages)) in R2018_ONLY else 2017
+
+
+# -- encoding -----------------------------------------------------------------
+
+
+def message_header(msg_type: int, count: int, version: int = VERSION) -> bytes:
+    return b"H%02d%03d%02d" % (version, msg_type, count)
+
+
+def package_header(pkg_type: int, length: int) -> bytes:
+    return b"P%02d%029d" % (pkg_type, length)
+
+
+def encode(msg_type: int, packages: Iterable[tuple[int, bytes]]) -> bytes:
+    """A frame with the packages in the order given."""
+    packages = list(packages)
+    parts = [message_header(msg_type, len(packages))]
+    for pkg_type, content in packages:
+        parts.append(b"P%02d%029d" % (pkg_type, len(content)))
+        parts.append(content)
+    return b"".join(parts)
+
+
+def encode_frame(frame: Frame) -> bytes:
+    """A decoded frame back to bytes, packages in the order the original sends them."""
+    layout = LAYOUTS.get((frame.type, len(frame.packages)), sorted(frame.packages))
+    return encode(frame.type, [(p, frame.packages[p]) for p in layout])
+
+
+def publish(queue: bytes, body: bytes, ttl: int | None = None) -> bytes:
+    """001; with a TTL (revision 2018) or without (2017)."""
+    packages = [(QUEUE, queue), (CONTENT, body)]
+    if ttl is not None:
+        packages.append((TTL, b"%d" % ttl))
+    return encode(PUBLISH, packages)
+
+
+def consume(queue: bytes, count: int) -> bytes:
+    return encode(CONSUME, [(QUEUE, queue), (COUNT, b"%d" % count)])
+
+
+def dispatch(queue: bytes, body: bytes, message_id: bytes, ttl: int | None = None) -> bytes:
+    """003, the only frame the server sends: 3 packages for 2017, 4 with a TTL for 2018.
+
+    Written out by hand because it is the per-message hot path.
+    """
+    if ttl is None:
+        return b"H0100303P01%029d%sP02%029d%sP03%029d%s" % (
+            len(queue), queue, len(body), body, len(message_id), message_id,
+        )
+    ttl_text = b"%d" % ttl
+    return b"H0100304P01%029d%sP02%029d%sP03%029d%sP05%029d%s" % (
+        len(queue), queue, len(body), body, len(message_id), message_id,
+        len(ttl_text), ttl_text,
+    )
+
+
+def ack(queue: bytes, message_id: bytes) -> bytes:
+    return encode(ACK, [(QUEUE, queue), (MESSAGE_ID, message_id)])
+
+
+def requeue(queue: bytes, message_id: bytes, ttl: int) -> bytes:
+    return encode(REQUEUE, [(QUEUE, queue), (MESSAGE_ID, message_id), (TTL, b"%d" % ttl)])
+
+
+def dead_letter(queue: bytes, message_id: bytes) -> bytes:
+    return encode(DEAD_LETTER, [(QUEUE, queue), (MESSAGE_ID, message_id)])
+
+
+# -- values -------------------------------------------------------------------
+
+
+def parse_number(value: bytes, what: str) -> int:
+    """An unpadded (leading zeros tolerated) ASCII decimal, as counts and TTLs are sent.
+
+    ``int()`` alone would also take signs, spaces and underscores.
+    """
+    if not value or len(value) > MAX_NUMBER_DIGITS or not value.isdigit():
+        raise PHPMQError(f"{what} is not a decimal number: {value[:40]!r}")
+    return int(value)
+
+
+def remaining_ttl(expires_at: float | None, now: float) -> int:
+    """Whole seconds a dispatched message has left; 0 means it never expires.
+
+    Rounded up, so a client never drops a message the server still considers
+    alive, and never below 1, because 0 would read as "no expiry".  A
+    millisecond of slack absorbs float error (3600 sent, 3300 dispatched
+    exactly 300 s later, not 3301).
+    """
+    if expires_at is None:
+        return 0
+    return max(1, math.ceil(expires_at - now - 0.001))
+
+
+# -- decoding -----------------------------------------------------------------
+
+
+class FrameDecoder:
+    """Turns a byte stream, split anywhere, into ``Frame``s.
+
+    ``feed`` appends to one ``bytearray``; ``next_frame`` reads from a moving
+    offset and compacts only when the consumed prefix is at least half the
+    buffer, so a stream of any length or chunking costs linear time.  A
+    package's content is not looked at until all of it has arrived, and its
+    length is checked against ``max_content`` when its header arrives, before
+    any of it is buffered for long.  After an error the decoder keeps raising
+    it: the stream has lost its framing.
+    """
+
+    def __init__(self, max_content: int = DEFAULT_MAX_CONTENT) -> None:
+        self.max_content = max_content
+        self._buf = bytearray()
+        self._pos = 0
+        self._error: PHPMQError | None = None
+        # the frame being read: type 0 means "expecting a message header"
+        self._type = 0
+        self._expected: frozenset[int] = frozenset()
+        self._missing = 0
+        self._packages: dict[int, bytes] = {}
+        # the package being read: 0 means "expecting a package header"
+        self._pkg = 0
+        self._length = 0
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+
+    def buffered(self) -> int:
+        """Bytes received and not yet consumed by a header or a whole package."""
+        return len(self._buf) - self._pos
+
+    def in_frame(self) -> bool:
+        """True between a frame's message header and its last package."""
+        return bool(self._type)
+
+    def next_frame(self) -> Frame | None:
+        """The next complete frame, or None until more bytes are fed.
+
+        :raises PHPMQError: the stream is malformed (and stays so).
+        """
+        if self._error is not None:
+            raise self._error
+        try:
+            return self._next()
+        except PHPMQError as e:
+            self._error = e
+            raise
+
+    def _next(self) -> Frame | None:
+        buf = self._buf
+        pos = self._pos
+        end = len(buf)
+        frame = None
+        while frame is None:
+            if not self._type:
+                if end - pos < MESSAGE_HEADER_SIZE:
+                    break
+                self._message_header(bytes(buf[pos : pos + MESSAGE_HEADER_SIZE]))
+                pos += MESSAGE_HEADER_SIZE
+            elif not self._pkg:
+                if end - pos < PACKAGE_HEADER_SIZE:
+                    break
+                self._package_header(bytes(buf[pos : pos + PACKAGE_HEADER_SIZE]))
+                pos += PACKAGE_HEADER_SIZE
+            else:
+                length = self._length
+                if end - pos < length:
+                    break
+                self._packages[self._pkg] = bytes(buf[pos : pos + length])
+                pos += length
+                self._pkg = 0
+                self._missing -= 1
+            if self._type and not self._pkg and not self._missing:
+                frame = Frame(self._type, self._packages)
+                self._type = 0
+                self._packages = {}
+        if pos == end:
+            buf.clear()
+            pos = 0
+        elif pos > 65536 and pos * 2 > end:
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return frame
+
+    def _message_header(self, header: bytes) -> None:
+        if header[0] != 0x48:  # H
+            raise PHPMQError(f"bad message header flag {header[:1]!r} in {header!r}")
+        if not header[1:].isdigit():
+            raise PHPMQError(f"non-digit message header {header!r}")
+        version, msg_type, count = int(header[1:3]), int(header[3:6]), int(header[6:8])
+        if version != VERSION:
+            raise PHPMQError(f"unsupported protocol version {version:02d}")
+        if msg_type not in TYPE_NAMES:
+            raise PHPMQError(f"unknown message type {msg_type:03d}")
+        expected = _LAYOUT_SETS.get((msg_type, count))
+        if expected is None:
+            raise PHPMQError(
+                f"message type {msg_type:03d} ({TYPE_NAMES[msg_type]}) "
+                f"cannot have {count:02d} packages"
+            )
+        self._type = msg_type
+        self._expected = expected
+        self._missing = count
+
+    def _package_header(self, header: bytes) -> None:
+        if header[0] != 0x50:  # P
+            raise PHPMQError(f"bad package header flag {header[:1]!r} in {header!r}")
+        if not header[1:].isdigit():
+            raise PHPMQError(f"non-digit package header {header!r}")
+        pkg_type, length = int(header[1:3]), int(header[3:])
+        if pkg_type not in self._expected:
+            raise PHPMQError(
+                f"package type {pkg_type:02d} does not belong in message type "
+                f"{self._type:03d} with {len(self._expected):02d} packages"
+            )
+        if pkg_type in self._packages:
+            raise PHPMQError(f"duplicate package type {pkg_type:02d}")
+        if length > self.max_content:
+            raise PHPMQError(f"content length {length} above the limit of {self.max_content}")
+        self._pkg = pkg_type
+        self._length = length
+
+
+def decode(data: bytes, max_content: int = DEFAULT_MAX_CONTENT) -> list[Frame]:
+    """Every frame in ``data``, which must end on a frame boundary."""
+    decoder = FrameDecoder(max_content)
+    decoder.feed(data)
+    frames = []
+    while (frame := decoder.next_frame()) is not None:
+        frames.append(frame)
+    if decoder.buffered() or decoder.in_frame():
+        raise PHPMQError("stream ends inside a frame")
+    return frames

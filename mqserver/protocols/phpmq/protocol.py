@@ -1,0 +1,287 @@
+# -*- test-case-name: tests.unit.test_phpmq_protocol -*-
+"""The PHPMQ server protocol: decode frames, call the broker, write dispatches.
+
+PHPMQ has no replies and no error frame: the server only ever sends 003
+dispatches.  So a malformed frame can only be answered by closing that one
+connection (the original server crashed instead).  Dispatches are buffered
+and written once per reactor turn; the broker's per-consumer window is the
+PHPMQ "count for consumption" credit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from twisted.internet.interfaces import IPushProducer
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from mqserver.broker.queue import Consumer
+from mqserver.interfaces import IDeliverySink
+from mqserver.model import Message, QueueOptions, new_message_id
+from mqserver.protocols.phpmq import codec
+from mqserver.protocols.phpmq.codec import (
+    ACK,
+    CONSUME,
+    CONTENT,
+    COUNT,
+    DEAD_LETTER,
+    MESSAGE_ID,
+    PUBLISH,
+    QUEUE,
+    REQUEUE,
+    TTL,
+    FrameDecoder,
+    PHPMQError,
+)
+
+log = Logger()
+
+CONSUMER_ID = b"phpmq"
+"""A PHPMQ connection consumes one queue at a time, so one consumer id suffices:
+``broker.consume`` with the same id replaces (and requeues) the previous one,
+which is exactly what a second 002 must do."""
+
+DEAD_LETTER_REASON = b"rejected"
+
+
+class PHPMQFactory(Factory):
+    """Settings shared by every PHPMQ connection.
+
+    ``revision`` None detects per connection (2017 until the client sends a
+    frame only revision 2018 has); 2017 or 2018 fixes the 003 form, for 2018
+    clients that only consume and so never reveal their revision.
+    ``dead_letter_suffix`` (bytes, empty for none) gives every queue PHPMQ
+    touches the dead-letter queue ``name + suffix``.
+    """
+
+    def __init__(
+        self,
+        broker: Any,
+        max_content: int = codec.DEFAULT_MAX_CONTENT,
+        dead_letter_suffix: bytes = b"",
+        revision: int | None = None,
+    ) -> None:
+        self.broker = broker
+        self.max_content = max_content
+        self.dead_letter_suffix = dead_letter_suffix
+        self.revision = revision
+
+    def buildProtocol(self, addr: Any) -> PHPMQProtocol:
+        protocol = PHPMQProtocol(self)
+        protocol.factory = self
+        return protocol
+
+
+@implementer(IDeliverySink, IPushProducer)
+class PHPMQProtocol(Protocol):
+    def __init__(self, factory: PHPMQFactory) -> None:
+        self.factory = factory
+        self.broker = factory.broker
+        self.decoder = FrameDecoder(factory.max_content)
+        self.connection: Any = None
+        self.peer = "?"
+        self.consumer: Consumer | None = None
+        self.revision = factory.revision or 2017
+        self._detect = factory.revision is None
+        self._out: list[bytes] = []
+        self._flush_call: Any = None
+        self._closing = False
+        self._handlers = {
+            PUBLISH: self._publish,
+            CONSUME: self._consume,
+            ACK: self._ack,
+            REQUEUE: self._requeue,
+            DEAD_LETTER: self._dead_letter,
+        }
+
+    # -- connection ---------------------------------------------------------
+
+    def connectionMade(self) -> None:
+        peer = self.transport.getPeer()
+        self.peer = f"{getattr(peer, 'host', peer)}:{getattr(peer, 'port', '')}"
+        self.connection = self.broker.connection_opened("phpmq", self.peer, self)
+        self.transport.registerProducer(self, True)
+        log.info("phpmq connection {id} opened from {peer}", id=self.connection.id, peer=self.peer)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._closing = True
+        self._cancel_flush()
+        self._out = []
+        self.consumer = None
+        if self.connection is None:
+            return
+        self.broker.connection_closed(self.connection)
+        log.info(
+            "phpmq connection {id} closed: {reason}",
+            id=self.connection.id,
+            reason=reason.getErrorMessage(),
+        )
+
+    # IPushProducer: the transport's buffer is full or drained
+    def pauseProducing(self) -> None:
+        self.broker.pause(self.connection)
+
+    def resumeProducing(self) -> None:
+        if not self._closing:
+            self.broker.resume(self.connection)
+
+    def stopProducing(self) -> None:
+        pass
+
+    # -- input --------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._closing:
+            return
+        decoder = self.decoder
+        decoder.feed(data)
+        try:
+            while (frame := decoder.next_frame()) is not None:
+                handler = self._handlers.get(frame.type)
+                if handler is None:
+                    raise PHPMQError(
+                        f"message type {frame.type:03d} "
+                        f"({codec.TYPE_NAMES[frame.type]}) is only sent by servers"
+                    )
+                if self._detect and frame.revision == 2018:
+                    self._detect = False
+                    self.revision = 2018
+                    log.info("phpmq connection {id} speaks revision 2018", id=self.connection.id)
+                handler(frame.packages)
+        except PHPMQError as e:
+            self._close(f"malformed frame: {e}")
+        except Exception:
+            log.failure("phpmq connection {id}: handling a frame failed", id=self.connection.id)
+            self._close("internal error")
+
+    def _close(self, reason: str) -> None:
+        """Drop the connection (the only error report PHPMQ has) and say why in the log.
+
+        Delivery stops at once; unsent dispatches are dropped, and their
+        messages go back to the queue when the connection is gone.
+        """
+        log.warn(
+            "phpmq connection {id} from {peer} closed by the server: {reason}",
+            id=self.connection.id,
+            peer=self.peer,
+            reason=reason,
+        )
+        self._closing = True
+        self._cancel_flush()
+        self._out = []
+        self.broker.pause(self.connection)
+        self.transport.loseConnection()
+
+    # -- frames -------------------------------------------------------------
+
+    def _queue(self, packages: dict[int, bytes]) -> bytes:
+        """The queue a frame names, with the dead-letter option applied to it."""
+        name = packages[QUEUE]
+        if not name:
+            raise PHPMQError("empty queue name")
+        suffix = self.factory.dead_letter_suffix
+        if suffix and not name.endswith(suffix):
+            queue = self.broker.queues.get(name)
+            if queue is None:
+                self.broker.declare_queue(name, QueueOptions(dead_letter=name + suffix))
+            elif queue.options.dead_letter is None:
+                options = dataclasses.replace(queue.options, dead_letter=name + suffix)
+                self.broker.declare_queue(name, options)
+        return name
+
+    def _publish(self, packages: dict[int, bytes]) -> None:
+        queue = self._queue(packages)
+        ttl_text = packages.get(TTL)
+        ttl = codec.parse_number(ttl_text, "TTL") if ttl_text is not None else 0
+        # 0 (the 2018 client's default) and absent (2017) both mean "none chosen"
+        self.broker.publish_to_queue(
+            queue, new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
+        )
+
+    def _consume(self, packages: dict[int, bytes]) -> None:
+        queue = self._queue(packages)
+        count = codec.parse_number(packages[COUNT], "count")
+        if count == 0:
+            if self.consumer is not None:
+                self.broker.cancel(self.consumer)
+                self.consumer = None
+            return
+        self.consumer = self.broker.consume(
+            self.connection, CONSUMER_ID, queue, window=count, manual_ack=True
+        )
+
+    def _holder(self, queue: bytes, message_id: bytes) -> Consumer | None:
+        """Whoever holds the delivery: settling works from any connection, as acks
+        did in the original.  This connection's own consumer is checked first."""
+        own = self.consumer
+        if own is not None and own.queue.name == queue and message_id in own.unacked:
+            return own
+        found = self.broker.queues.get(queue)
+        if found is not None:
+            for consumer in found.consumers:
+                if message_id in consumer.unacked:
+                    return consumer
+        return None
+
+    def _ack(self, packages: dict[int, bytes]) -> None:
+        queue, message_id = packages[QUEUE], packages[MESSAGE_ID]
+        own = self.consumer
+        if own is not None and own.queue.name == queue and message_id in own.unacked:
+            self.broker.ack(own, message_id)
+        else:
+            self.broker.ack_any(queue, message_id)  # an unknown id is ignored
+
+    def _requeue(self, packages: dict[int, bytes]) -> None:
+        ttl = codec.parse_number(packages[TTL], "TTL")
+        holder = self._holder(packages[QUEUE], packages[MESSAGE_ID])
+        if holder is not None:
+            self.broker.reject(holder, packages[MESSAGE_ID], ttl=ttl)
+
+    def _dead_letter(self, packages: dict[int, bytes]) -> None:
+        holder = self._holder(packages[QUEUE], packages[MESSAGE_ID])
+        if holder is not None:
+            self.broker.dead_letter(holder, packages[MESSAGE_ID], DEAD_LETTER_REASON)
+
+    # -- IDeliverySink ------------------------------------------------------
+
+    def deliver(self, consumer: Consumer, message: Message) -> None:
+        if self.revision == 2018:
+            ttl = codec.remaining_ttl(message.expires_at, self.broker.clock.seconds())
+            self._write(codec.dispatch(message.queue, message.body, message.id, ttl))
+        else:
+            self._write(codec.dispatch(message.queue, message.body, message.id))
+
+    def queue_changed(self, consumer: Consumer) -> None:
+        """PHPMQ cannot tell a client anything; only forget a consumer whose queue
+        was deleted (through another protocol), so the next 002 starts afresh."""
+        if consumer.queue.deleted and consumer is self.consumer:
+            self.consumer = None
+            log.info(
+                "phpmq connection {id}: queue {queue!r} was deleted, consumption ended",
+                id=self.connection.id,
+                queue=consumer.queue.name,
+            )
+
+    # -- output -------------------------------------------------------------
+
+    def _write(self, data: bytes) -> None:
+        if self._closing:
+            return
+        self._out.append(data)
+        if self._flush_call is None:
+            self._flush_call = self.broker.clock.callLater(0, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_call = None
+        if self._out:
+            out, self._out = self._out, []
+            self.transport.write(b"".join(out))
+
+    def _cancel_flush(self) -> None:
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
