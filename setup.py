@@ -24,11 +24,14 @@ setup(
         "mqserver.protocols",
         "mqserver.protocols.mqks",
         "mqserver.protocols.phpmq",
+        "mqserver.protocols.emqp",
+        "mqserver.zmtp",
         "twisted.plugins",
     ],
     install_requires=[
         "Twisted>=24.7",
         "zope.interface>=6",
+        "croniter>=2",
     ],
     extras_require={
         "test": [
@@ -36,6 +39,7 @@ setup(
             "pytest-twisted>=1.14",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
+            "pyzmq>=25",
             "ruff>=0.6",
             "setuptools>=68",
             "wheel",

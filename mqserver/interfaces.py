@@ -87,6 +87,22 @@ class IProtocolPlugin(Interface):
         :return: an ``IProtocolFactory`` provider.
         """
 
+    def extra_listeners(self, config):
+        """Further endpoints the protocol needs beside its main one.
+
+        Some protocols listen on several sockets that share state (eMQP has a
+        frontend, a backend for workers and an admin socket), while
+        ``--protocol NAME[:ENDPOINT]`` names one endpoint.  ``makeService``
+        calls this once per protocol name, after ``build_factory``, and starts
+        a listener for each entry; most protocols return ``[]``.
+
+        :param broker: the same ``IBroker`` ``build_factory`` got.
+        :param config: the parsed ``twistd mqserver`` options, a mapping.
+        :return: a list of ``(label, endpoint_string, factory)``; the label
+            names the listener in the ``"{label} listening on {host}:{port}"``
+            log line (e.g. ``emqp-backend``).
+        """
+
 
 class IDeliverySink(Interface):
     """Where the broker hands messages for a consumer: a protocol connection."""

@@ -32,6 +32,9 @@ class MQKSProtocolPlugin:
 
         return MQKSFactory(broker, max_line=int(config.get("mqks-max-line", 16 * 1024 * 1024)))
 
+    def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
+        return []
+
 
 def _phpmq_revision(value: str) -> str:
     """Checks ``--phpmq-revision`` while options are parsed, not when listening starts."""
@@ -69,6 +72,45 @@ class PHPMQProtocolPlugin:
             revision=None if revision == "auto" else int(_phpmq_revision(revision)),
         )
 
+    def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
+        return []
+
+
+@implementer(IPlugin, IProtocolPlugin)
+class EMQPProtocolPlugin:
+    """eMQP: the endpoint of ``--protocol=emqp`` is the frontend (clients, schedulers);
+    the backend (workers) and admin sockets come from ``extra_listeners``."""
+
+    name = "emqp"
+    description = "eMQP (EventMQ) over ZMTP 3: ZeroMQ DEALER clients, workers and schedulers"
+    default_endpoint = "tcp:47291:interface=127.0.0.1"
+    options = [
+        ["emqp-backend", None, "tcp:47290:interface=127.0.0.1",
+         "eMQP: endpoint of the backend socket workers connect to."],
+        ["emqp-admin", None, "tcp:47293:interface=127.0.0.1",
+         "eMQP: endpoint of the admin socket (STATUS, ROUTER_SHOW_*, DISCONNECT)."],
+        ["emqp-max-message", None, 64 * 1024 * 1024,
+         "eMQP: largest ZMTP message in bytes; a larger one closes the connection.", int],
+        ["emqp-heartbeat", None, 3.0, "eMQP: seconds between HEARTBEATs to workers "
+         "and schedulers.", float],
+        ["emqp-peer-timeout", None, 5.0,
+         "eMQP: seconds of silence after which a worker or scheduler is dropped.", float],
+        ["emqp-drain-timeout", None, 10.0,
+         "eMQP: after DISCONNECT, seconds to wait for tracked jobs before stopping.", float],
+        ["emqp-dead-letter", None, "",
+         "eMQP: queue that requests out of retries go to; empty: they are dropped."],
+    ]
+
+    def build_factory(self, broker: Any, config: Any) -> Any:
+        from mqserver.protocols.emqp.protocol import service_for
+
+        return service_for(broker, config).frontend
+
+    def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
+        from mqserver.protocols.emqp.protocol import extra_listeners
+
+        return extra_listeners(broker, config)
+
 
 @implementer(IPlugin, IStoragePlugin)
 class MemoryStoragePlugin:
@@ -84,4 +126,5 @@ class MemoryStoragePlugin:
 
 mqks = MQKSProtocolPlugin()
 phpmq = PHPMQProtocolPlugin()
+emqp = EMQPProtocolPlugin()
 memory = MemoryStoragePlugin()

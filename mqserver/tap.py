@@ -3,7 +3,10 @@
 
 Protocols and storage backends are plugins (``IProtocolPlugin``,
 ``IStoragePlugin``) found with ``twisted.plugin.getPlugins``, so a third party
-adds one by shipping a module in its own ``twisted/plugins/``.  Their extra
+adds one by shipping a module in its own ``twisted/plugins/``.  A protocol
+listens on its ``--protocol`` endpoint plus whatever its ``extra_listeners``
+returns (eMQP's backend and admin sockets), each logged as
+``"{label} listening on {host}:{port}"``.  Their extra
 options are merged into ``Options`` when this module is imported.
 """
 
@@ -150,8 +153,19 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     service = BrokerService(
         broker, ttl_interval=config["ttl-interval"], tune_gc=not config["no-gc-tuning"]
     )
+    extras_started: set[str] = set()
     for name, description in config["protocols"]:
         factory = _PROTOCOLS[name].build_factory(broker, config)
         endpoint = endpoints.serverFromString(reactor, description)
         Listener(name, endpoint, factory, reactor).setServiceParent(service)
+        if name in extras_started:
+            continue
+        extras_started.add(name)
+        # further sockets of the same protocol (eMQP's backend and admin); a
+        # third-party plugin written before extra_listeners existed has none
+        extra_listeners = getattr(_PROTOCOLS[name], "extra_listeners", None)
+        extras = extra_listeners(broker, config) if extra_listeners is not None else []
+        for label, extra, extra_factory in extras:
+            endpoint = endpoints.serverFromString(reactor, extra)
+            Listener(label, endpoint, extra_factory, reactor).setServiceParent(service)
     return service

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-LISTENING = re.compile(r"(\w+) listening on ([\d.]+):(\d+)")
+LISTENING = re.compile(r"([\w-]+) listening on ([\d.]+):(\d+)")
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
 

@@ -16,7 +16,9 @@ from mqserver.interfaces import (
     IProtocolPlugin,
     IStoragePlugin,
 )
-from mqserver.plugins import memory, mqks, phpmq
+from mqserver.plugins import emqp, memory, mqks, phpmq
+from mqserver.protocols.emqp.peers import Worker
+from mqserver.protocols.emqp.service import EMQPService
 from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.protocols.phpmq.protocol import PHPMQFactory
 from mqserver.storage.memory import MemoryStore
@@ -31,6 +33,10 @@ def _phpmq_protocol():
     return PHPMQFactory(Broker(MemoryStore(), Clock())).buildProtocol(None)
 
 
+def _emqp_worker():
+    return Worker(EMQPService(Broker(MemoryStore(), Clock())), b"w", [], 0.0)
+
+
 IMPLEMENTATIONS = [
     (IMessageStore, MemoryStore),
     (IStoragePlugin, lambda: memory),
@@ -39,10 +45,13 @@ IMPLEMENTATIONS = [
     (IPlugin, lambda: mqks),
     (IProtocolPlugin, lambda: phpmq),
     (IPlugin, lambda: phpmq),
+    (IProtocolPlugin, lambda: emqp),
+    (IPlugin, lambda: emqp),
     (IBroker, lambda: Broker(MemoryStore(), Clock())),
     (IDeliverySink, _mqks_protocol),
     (IDeliverySink, _phpmq_protocol),
     (IPushProducer, _phpmq_protocol),
+    (IDeliverySink, _emqp_worker),
     (IDeliverySink, RecordingSink),
 ]
 

@@ -16,7 +16,7 @@ from mqserver.interfaces import IProtocolPlugin, IStoragePlugin
 
 def test_builtin_plugins_are_found():
     assert "mqserver" in {p.tapname for p in getPlugins(IServiceMaker)}
-    assert {"mqks", "phpmq"} <= {p.name for p in getPlugins(IProtocolPlugin)}
+    assert {"mqks", "phpmq", "emqp"} <= {p.name for p in getPlugins(IProtocolPlugin)}
     assert "memory" in {p.name for p in getPlugins(IStoragePlugin)}
 
 
@@ -28,6 +28,7 @@ def test_importing_the_twistd_plugin_imports_nothing_heavy():
         heavy = [m for m in ("mqserver.tap", "mqserver.broker.core", "mqserver.storage.memory",
                              "mqserver.protocols.mqks.protocol", "twisted.internet.reactor",
                              "mqserver.protocols.phpmq.protocol",
+                             "mqserver.protocols.emqp.service", "mqserver.zmtp.router",
                              "twisted.web") if m in sys.modules]
         print(json.dumps(heavy))
         """

@@ -55,3 +55,21 @@ def test_make_service_opens_storage_then_listens():
     reactor.advance(5)  # the TTL sweep runs on the injected clock
     d = service.stopService()
     assert d.called
+
+
+def test_extra_listeners_start_once_per_protocol_with_their_labels():
+    options = parse(
+        "--protocol=emqp:tcp:4000:interface=127.0.0.1", "--protocol=mqks:tcp:4321",
+        "--emqp-backend=tcp:4001:interface=127.0.0.1", "--emqp-admin=tcp:4002:interface=127.0.0.1",
+        "--storage=memory",
+    )
+    reactor = MemoryReactorClock()
+    service = tap.makeService(options, reactor=reactor)
+    assert [listener.protocol for listener in service][:4] == [
+        "emqp", "emqp-backend", "emqp-admin", "mqks",
+    ]
+    service.startService()
+    assert {4000, 4001, 4002, 4321} <= {port for port, *_ in reactor.tcpServers}
+    assert all(interface == "127.0.0.1" for port, _, _, interface in reactor.tcpServers
+               if port != 4321)
+    assert service.stopService().called

@@ -7,7 +7,7 @@ here import their implementations only when they build one.
 
 from twisted.application.service import ServiceMaker
 
-from mqserver.plugins import memory, mqks, phpmq
+from mqserver.plugins import emqp, memory, mqks, phpmq
 
 mqserver = ServiceMaker(
     "mqserver",
@@ -16,4 +16,4 @@ mqserver = ServiceMaker(
     "mqserver",
 )
 
-__all__ = ["memory", "mqks", "mqserver", "phpmq"]
+__all__ = ["emqp", "memory", "mqks", "mqserver", "phpmq"]

@@ -1,0 +1,98 @@
+# -*- test-case-name: tests.unit.test_emqp_protocol -*-
+"""The backend socket (47290): workers' INFORM, READY, REPLY, HEARTBEAT and KBYE.
+
+A worker is known from its INFORM on; anything else from an unknown identity
+is dropped with a log line (eventmq's job manager notices the missing
+heartbeats and INFORMs again).  A DISCONNECT from a worker, which crashed the
+original router, is logged and ignored.
+"""
+
+from __future__ import annotations
+
+from twisted.logger import Logger
+
+from mqserver.protocols.emqp import codec
+from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.service import EMQPService, Worker
+from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+
+log = Logger()
+
+
+class BackendHandler:
+    def __init__(self, service: EMQPService) -> None:
+        self.service = service
+        self._commands = {
+            codec.READY: self._ready,
+            codec.REPLY: self._reply,
+            codec.HEARTBEAT: self._heartbeat,
+            codec.KBYE: self._kbye,
+            codec.KBAI: self._kbye,
+            codec.ACK: self._heartbeat,
+        }
+
+    # RouterHandler
+    def router_started(self, router: ZMTPRouterFactory) -> None:
+        self.service.start()
+
+    def router_stopped(self, router: ZMTPRouterFactory) -> None:
+        self.service.stop()
+
+    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        pass
+
+    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        """Kept until its heartbeats stop: libzmq reconnects with the same identity."""
+
+    def message_received(
+        self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
+    ) -> None:
+        try:
+            envelope = codec.parse(frames)
+            worker = self.service.workers.get(identity)
+            if worker is not None:
+                worker.last_seen = self.service.clock.seconds()
+            if envelope.command == codec.INFORM:
+                self._inform(identity, envelope)
+                return
+            if worker is None:
+                raise EMQPError("from a worker that has not INFORMed")
+            handler = self._commands.get(envelope.command)
+            if handler is None:
+                raise EMQPError("not a worker command")
+            handler(worker, envelope)
+        except EMQPError as e:
+            log.warn(
+                "emqp-backend: dropped {cmd!r} from {id}: {e}",
+                cmd=frames[2][:40] if len(frames) > 2 else b"", id=describe(identity), e=e,
+            )
+
+    def _inform(self, identity: bytes, envelope: codec.Envelope) -> None:
+        body = envelope.body
+        if len(body) < 2 or body[1] != codec.WORKER:
+            kind = body[1] if len(body) > 1 else b""
+            raise EMQPError(f"INFORM of type {kind!r} on the backend (schedulers use the frontend)")
+        if self.service.draining:
+            raise EMQPError("draining after DISCONNECT")
+        queues = codec.parse_worker_queues(body[0])
+        self.service.register_worker(identity, queues)
+        try:
+            self.service.backend.send(identity, codec.message(codec.ACK, envelope.msgid))
+        except UnroutableError:
+            log.debug("emqp-backend: worker {id} left before its ACK", id=describe(identity))
+
+    def _ready(self, worker: Worker, envelope: codec.Envelope) -> None:
+        if not self.service.draining:
+            self.service.broker.add_slots(worker.slots)
+
+    def _reply(self, worker: Worker, envelope: codec.Envelope) -> None:
+        body = envelope.body
+        if len(body) < 2:
+            raise EMQPError("a worker's REPLY needs a result and the request's msgid")
+        self.service.worker_reply(worker, body[0], body[1])
+
+    def _heartbeat(self, worker: Worker, envelope: codec.Envelope) -> None:
+        """Liveness was recorded for any message; nothing else to do."""
+
+    def _kbye(self, worker: Worker, envelope: codec.Envelope) -> None:
+        self.service.remove_worker(worker, "it said goodbye")

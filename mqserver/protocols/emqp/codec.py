@@ -1,0 +1,219 @@
+# -*- test-case-name: tests.unit.test_emqp_codec -*-
+"""eMQP frame layouts, headers, worker queue lists and schedule hashes: no I/O.
+
+Layouts are the ones eventmq 0.3.13 really sends (see docs/protocols/emqp.md),
+not the spec's tables where they disagree.  After the ROUTER identity every
+message is ``'' | eMQP/1.0 | COMMAND | MSGID | body...``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from dataclasses import dataclass, field
+
+VERSION = b"eMQP/1.0"
+DEFAULT_QUEUE = b"default"
+DEFAULT_WEIGHT = 10
+
+ACK = b"ACK"
+DISCONNECT = b"DISCONNECT"
+HEARTBEAT = b"HEARTBEAT"
+INFORM = b"INFORM"
+KBYE = b"KBYE"
+KBAI = b"KBAI"
+PUBLISH = b"PUBLISH"
+READY = b"READY"
+REPLY = b"REPLY"
+REQUEST = b"REQUEST"
+SCHEDULE = b"SCHEDULE"
+UNSCHEDULE = b"UNSCHEDULE"
+STATUS = b"STATUS"
+SHOW_WORKERS = b"ROUTER_SHOW_WORKERS"
+SHOW_SCHEDULERS = b"ROUTER_SHOW_SCHEDULERS"
+
+WORKER = b"worker"
+SCHEDULER = b"scheduler"
+
+TIMEOUT_ERROR = "TimeoutError"
+"""The value eventmq's worker replies with when it killed a job for its timeout."""
+
+
+class EMQPError(ValueError):
+    """A malformed message: it is dropped with a log line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    command: bytes
+    msgid: bytes
+    body: list[bytes]
+
+
+def parse(frames: list[bytes]) -> Envelope:
+    """Split a message (identity already removed) into command, msgid and body.
+
+    Like the original, the version frame is not checked, so a peer speaking
+    a later minor revision still gets through.
+    """
+    if len(frames) < 4:
+        raise EMQPError(f"an eMQP message has at least 4 frames, got {len(frames)}")
+    if frames[0]:
+        raise EMQPError("the first eMQP frame must be empty")
+    return Envelope(frames[2].upper(), frames[3], frames[4:])
+
+
+def new_msgid() -> bytes:
+    """What eventmq uses: ``str(uuid4())``."""
+    return str(uuid.uuid4()).encode("ascii")
+
+
+def message(command: bytes, *body: bytes, msgid: bytes | None = None) -> list[bytes]:
+    return [b"", VERSION, command, msgid if msgid is not None else new_msgid(), *body]
+
+
+def text(value: bytes) -> str:
+    """Bytes as a str that round-trips exactly (for message headers and records)."""
+    return value.decode("latin-1")
+
+
+def raw(value: str) -> bytes:
+    return value.encode("latin-1")
+
+
+@dataclass(slots=True)
+class Headers:
+    """The CSV header frame: ``flag`` or ``name:number`` items."""
+
+    flags: set[str] = field(default_factory=set)
+    values: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def reply_requested(self) -> bool:
+        return "reply-requested" in self.flags
+
+    @property
+    def guarantee(self) -> bool:
+        return "guarantee" in self.flags
+
+    @property
+    def nohaste(self) -> bool:
+        return "nohaste" in self.flags
+
+    def number(self, name: str) -> int | None:
+        return self.values.get(name)
+
+
+def parse_headers(frame: bytes) -> Headers:
+    """Numbers must be non-negative integers; anything else makes the message malformed."""
+    headers = Headers()
+    for item in text(frame).split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, value = item.partition(":")
+        if not sep:
+            headers.flags.add(name)
+            continue
+        try:
+            number = int(value)
+        except ValueError:
+            raise EMQPError(f"header {name!r} needs a whole number, got {value!r}") from None
+        if number < 0:
+            raise EMQPError(f"header {name!r} cannot be negative")
+        headers.values[name] = number
+    return headers
+
+
+def format_headers(headers: Headers) -> bytes:
+    items = sorted(headers.flags) + [f"{k}:{v}" for k, v in sorted(headers.values.items())]
+    return raw(",".join(items))
+
+
+def parse_worker_queues(frame: bytes) -> list[tuple[int, bytes]]:
+    """``[[10, "default"], [5, "email"]]`` -> weights and names; empty means default."""
+    if not frame.strip():
+        return [(DEFAULT_WEIGHT, DEFAULT_QUEUE)]
+    try:
+        value = json.loads(frame)
+    except (ValueError, UnicodeDecodeError):
+        raise EMQPError(f"worker queues are not JSON: {frame[:100]!r}") from None
+    if not isinstance(value, list) or not value:
+        raise EMQPError("worker queues must be a non-empty JSON list")
+    queues = []
+    for entry in value:
+        if (
+            not isinstance(entry, list | tuple)
+            or len(entry) != 2
+            or not isinstance(entry[0], int)
+            or isinstance(entry[0], bool)
+            or not isinstance(entry[1], str)
+            or not entry[1]
+        ):
+            raise EMQPError(f"a worker queue must be [weight, name], got {entry!r}")
+        queues.append((entry[0], entry[1].encode("utf-8", "surrogateescape")))
+    return queues
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    queue: bytes
+    headers: bytes
+    payload: bytes
+
+
+def parse_request(body: list[bytes]) -> Request:
+    if len(body) < 3:
+        raise EMQPError("REQUEST needs queue, headers and message frames")
+    return Request(body[0], body[1], body[2])
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    queue: bytes
+    headers: bytes
+    interval: int
+    payload: bytes
+    cron: bytes
+
+
+def parse_schedule(body: list[bytes]) -> Schedule:
+    """SCHEDULE/UNSCHEDULE: queue, headers, interval (-1 = cron), message, cron."""
+    if len(body) < 3:
+        raise EMQPError("SCHEDULE needs at least queue, headers and interval frames")
+    if len(body) == 3:  # the spec's 7-frame form: queue, headers, message
+        return Schedule(body[0], body[1], -1, body[2], b"")
+    try:
+        interval = int(body[2])
+    except ValueError:
+        raise EMQPError(f"interval must be a whole number, got {body[2][:50]!r}") from None
+    cron = body[4] if len(body) > 4 else b""
+    return Schedule(body[0], body[1], interval, body[3], cron)
+
+
+_HASH_KEYS = ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")
+
+
+def schedule_hash(payload: bytes) -> str:
+    """eventmq's job key: sha1 of the sorted JSON of the ``run`` options."""
+    try:
+        options = json.loads(payload)[1]
+        items = json.dumps({key: options[key] for key in _HASH_KEYS}, sort_keys=True)
+    except (ValueError, UnicodeDecodeError, LookupError, TypeError):
+        raise EMQPError(
+            "a scheduled message must be JSON [\"run\", {path, callable, args, kwargs, "
+            "class_args, class_kwargs}]"
+        ) from None
+    return hashlib.sha1(items.encode("utf-8")).hexdigest()
+
+
+def is_timeout_reply(result: bytes) -> bool:
+    """True for the ``{"value": "TimeoutError"}`` eventmq's worker sends for a killed job."""
+    if TIMEOUT_ERROR.encode("ascii") not in result:
+        return False
+    try:
+        value = json.loads(result)
+    except (ValueError, UnicodeDecodeError):
+        return False
+    return isinstance(value, dict) and value.get("value") == TIMEOUT_ERROR

@@ -1,0 +1,165 @@
+# -*- test-case-name: tests.unit.test_emqp_protocol -*-
+"""The frontend socket (47291): clients' REQUEST, SCHEDULE, UNSCHEDULE, PUBLISH; schedulers.
+
+A REQUEST is answered ``REPLY <msgid>`` once it is stored (durable with a
+durable store), which is the moment the broker has taken responsibility for
+it; the original sent it when a worker got the job and never when the job
+waited.  SCHEDULE and UNSCHEDULE get ``ACK <msgid>`` the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.logger import Logger
+
+from mqserver.protocols.emqp import codec
+from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.service import EMQPService, Peer
+from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+
+log = Logger()
+
+
+class FrontendHandler:
+    def __init__(self, service: EMQPService) -> None:
+        self.service = service
+        self._commands = {
+            codec.REQUEST: self._request,
+            codec.SCHEDULE: self._schedule,
+            codec.UNSCHEDULE: self._unschedule,
+            codec.PUBLISH: self._publish,
+            codec.INFORM: self._inform,
+            codec.HEARTBEAT: self._heartbeat,
+            codec.KBYE: self._kbye,
+            codec.KBAI: self._kbye,
+            codec.DISCONNECT: self._disconnect,
+            codec.REPLY: self._heartbeat,
+            codec.ACK: self._heartbeat,
+        }
+
+    # RouterHandler
+    def router_started(self, router: ZMTPRouterFactory) -> None:
+        self.service.start()
+
+    def router_stopped(self, router: ZMTPRouterFactory) -> None:
+        self.service.stop()
+
+    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        pass
+
+    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        pass
+
+    def message_received(
+        self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
+    ) -> None:
+        try:
+            envelope = codec.parse(frames)
+        except EMQPError as e:
+            log.warn("emqp: dropped a malformed message from {id}: {e}", id=describe(identity), e=e)
+            return
+        scheduler = self.service.schedulers.get(identity)
+        if scheduler is not None:
+            scheduler.last_seen = self.service.clock.seconds()
+        handler = self._commands.get(envelope.command)
+        if handler is None:
+            log.warn(
+                "emqp: dropped unknown command {cmd!r} from {id}",
+                cmd=envelope.command, id=describe(identity),
+            )
+            return
+        try:
+            handler(identity, envelope)
+        except EMQPError as e:
+            log.warn(
+                "emqp: dropped {cmd} {msgid!r} from {id}: {e}",
+                cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
+                id=describe(identity), e=e,
+            )
+
+    # -- commands -----------------------------------------------------------
+
+    def _accepting(self, envelope: codec.Envelope) -> bool:
+        if self.service.draining:
+            log.warn(
+                "emqp: draining after DISCONNECT; {cmd} {msgid!r} refused",
+                cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
+            )
+            return False
+        return True
+
+    def _request(self, identity: bytes, envelope: codec.Envelope) -> None:
+        if not self._accepting(envelope):
+            return
+        request = codec.parse_request(envelope.body)
+        self.service.publish_request(
+            request.queue, request.headers, request.payload, envelope.msgid, identity
+        )
+        self._when_stored(identity, codec.message(codec.REPLY, envelope.msgid))
+
+    def _schedule(self, identity: bytes, envelope: codec.Envelope) -> None:
+        if not self._accepting(envelope):
+            return
+        key = self.service.scheduler.schedule(codec.parse_schedule(envelope.body))
+        log.info("emqp: job {key} scheduled by {id}", key=key, id=describe(identity))
+        self._when_stored(identity, codec.message(codec.ACK, envelope.msgid))
+
+    def _unschedule(self, identity: bytes, envelope: codec.Envelope) -> None:
+        schedule = codec.parse_schedule(envelope.body)
+        found = self.service.scheduler.unschedule(schedule.payload)
+        log.info(
+            "emqp: UNSCHEDULE from {id}: {what}", id=describe(identity),
+            what="job removed" if found else "no such job",
+        )
+        self._when_stored(identity, codec.message(codec.ACK, envelope.msgid))
+
+    def _publish(self, identity: bytes, envelope: codec.Envelope) -> None:
+        body = envelope.body
+        if len(body) < 2 or not body[0]:
+            raise EMQPError("PUBLISH needs a topic and a message")
+        # eventmq sends topic, message; the spec's second form has headers between
+        topic, payload = body[0], body[-1]
+        fields = {"emqp-headers": codec.text(body[1])} if len(body) > 2 else None
+        count = self.service.broker.publish_event(
+            topic, envelope.msgid, payload, fields, None, "emqp"
+        )
+        if not count:
+            log.debug("emqp: PUBLISH on {topic!r} reached no queue", topic=topic)
+
+    def _inform(self, identity: bytes, envelope: codec.Envelope) -> None:
+        body = envelope.body
+        kind = body[1] if len(body) > 1 else b""
+        if kind != codec.SCHEDULER:
+            raise EMQPError(f"INFORM of type {kind!r} on the frontend (workers use the backend)")
+        if self.service.draining:
+            return
+        self.service.schedulers[identity] = Peer(identity, self.service.clock.seconds())
+        log.info("emqp: scheduler {id} joined", id=describe(identity))
+        self._send(identity, codec.message(codec.ACK, envelope.msgid))
+
+    def _heartbeat(self, identity: bytes, envelope: codec.Envelope) -> None:
+        """Liveness was recorded for any message; nothing else to do."""
+
+    def _kbye(self, identity: bytes, envelope: codec.Envelope) -> None:
+        if self.service.schedulers.pop(identity, None) is not None:
+            log.info("emqp: scheduler {id} said goodbye", id=describe(identity))
+
+    def _disconnect(self, identity: bytes, envelope: codec.Envelope) -> None:
+        raise EMQPError("DISCONNECT is only accepted on the admin socket")
+
+    # -- output -------------------------------------------------------------
+
+    def _send(self, identity: bytes, frames: list[bytes]) -> None:
+        try:
+            self.service.frontend.send(identity, frames)
+        except UnroutableError:
+            log.debug("emqp: {id} left before its answer", id=describe(identity))
+
+    def _when_stored(self, identity: bytes, frames: list[bytes]) -> None:
+        d = self.service.broker.durable()
+        d.addCallbacks(lambda _: self._send(identity, frames), self._store_failed)
+
+    @staticmethod
+    def _store_failed(failure: Any) -> None:
+        log.failure("emqp: storing a request failed; no answer sent", failure)

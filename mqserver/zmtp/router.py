@@ -1,0 +1,294 @@
+# -*- test-case-name: tests.unit.test_zmtp_router -*-
+"""A ZeroMQ ROUTER socket as a Twisted ``Factory``.
+
+Each TCP connection runs the ZMTP 3 greeting and NULL handshake, then hands
+whole multipart messages to a handler, prefixed (as a ROUTER does) by the
+peer's identity.  ``send`` routes by identity and raises ``UnroutableError`` for
+an identity that is not connected, which is libzmq's ``ROUTER_MANDATORY``:
+the application learns at once that a worker has gone and can re-route.
+
+Deliberate choices, each because a broker wants it:
+
+- Our greeting goes out in ``connectionMade``: libzmq sends 10 bytes and
+  waits for ours before sending the rest.
+- Our READY goes out after the peer's, so a peer of the wrong socket type
+  gets an ERROR command instead (libzmq sends READY without waiting, so
+  this never stalls it, with 3.0 or 3.1).
+- An empty identity, or one starting with a zero byte (reserved by 3.1 for
+  generated ones), gets a generated 5-byte ``00 xx xx xx xx`` identity.
+- A second connection with an identity already in use takes it over and the
+  old connection is closed (``ROUTER_HANDOVER``): a peer that reconnects
+  before we noticed its old half-open connection is reachable at once.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Any, Protocol
+
+from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.protocol import Factory, connectionDone
+from twisted.internet.protocol import Protocol as TwistedProtocol
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from mqserver.zmtp import codec
+from mqserver.zmtp.codec import COMMAND, MORE, ZMTPError
+
+log = Logger()
+
+ROUTER = b"ROUTER"
+PEER_TYPES = frozenset((b"DEALER", b"REQ", b"ROUTER"))
+DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
+
+_GREETING, _HANDSHAKE, _READY, _CLOSED = range(4)
+
+
+class UnroutableError(Exception):
+    """No connected peer has this identity (ZMQ's EHOSTUNREACH)."""
+
+    def __init__(self, identity: bytes) -> None:
+        super().__init__(f"no peer with identity {identity!r}")
+        self.identity = identity
+
+
+class RouterHandler(Protocol):
+    """What a ``ZMTPRouterFactory`` calls; every call is on the reactor thread."""
+
+    def router_started(self, router: ZMTPRouterFactory) -> None: ...
+
+    def router_stopped(self, router: ZMTPRouterFactory) -> None: ...
+
+    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None: ...
+
+    def message_received(
+        self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
+    ) -> None: ...
+
+    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None: ...
+
+
+def describe(identity: bytes) -> str:
+    """An identity for logs and JSON: its text if printable UTF-8, else ``0x`` and hex."""
+    try:
+        text = identity.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + identity.hex()
+    return text if text.isprintable() and text else "0x" + identity.hex()
+
+
+class ZMTPRouterFactory(Factory):
+    """The ROUTER socket: every connection of one listening endpoint."""
+
+    def __init__(
+        self,
+        handler: RouterHandler,
+        name: str = "zmtp",
+        max_message_size: int = DEFAULT_MAX_MESSAGE,
+        peer_types: frozenset[bytes] = PEER_TYPES,
+    ) -> None:
+        self.handler = handler
+        self.name = name
+        self.max_message_size = max_message_size
+        self.peer_types = peer_types
+        self.peers: dict[bytes, ZMTPConnection] = {}
+        self.connections: set[ZMTPConnection] = set()
+        self._next_id = struct.unpack(">I", os.urandom(4))[0]
+
+    def buildProtocol(self, addr: Any) -> ZMTPConnection:
+        connection = ZMTPConnection(self)
+        connection.factory = self
+        return connection
+
+    def startFactory(self) -> None:
+        self.handler.router_started(self)
+
+    def stopFactory(self) -> None:
+        self.handler.router_stopped(self)
+
+    # -- routing ------------------------------------------------------------
+
+    def send(self, identity: bytes, frames: list[bytes]) -> None:
+        """Send a multipart message to the peer ``identity`` or raise ``UnroutableError``."""
+        connection = self.peers.get(identity)
+        if connection is None:
+            raise UnroutableError(identity)
+        connection.send_message(frames)
+
+    def generate_identity(self) -> bytes:
+        self._next_id = (self._next_id + 1) & 0xFFFFFFFF
+        return b"\x00" + struct.pack(">I", self._next_id)
+
+    def _register(self, connection: ZMTPConnection, identity: bytes) -> None:
+        old = self.peers.get(identity)
+        if old is not None and old is not connection:
+            log.info(
+                "{name}: peer {peer} took over identity {identity} from {old}",
+                name=self.name, peer=connection.peer, identity=describe(identity),
+                old=old.peer,
+            )
+            old.identity = None
+            old.close()
+        self.peers[identity] = connection
+        self.handler.peer_connected(self, identity)
+
+    def _unregister(self, connection: ZMTPConnection) -> None:
+        self.connections.discard(connection)
+        identity = connection.identity
+        if identity is not None and self.peers.get(identity) is connection:
+            del self.peers[identity]
+            self.handler.peer_disconnected(self, identity)
+
+    def close_all(self) -> Deferred[Any]:
+        """Flush and close every connection; fires when all are gone."""
+        waits = [connection.close() for connection in list(self.connections)]
+        return DeferredList(waits) if waits else succeed(None)
+
+
+class ZMTPConnection(TwistedProtocol):
+    """One peer: greeting, NULL handshake, then multipart messages."""
+
+    factory: ZMTPRouterFactory
+
+    def __init__(self, factory: ZMTPRouterFactory) -> None:
+        self.factory = factory
+        self.identity: bytes | None = None
+        self.peer = "?"
+        self.version = (3, 0)
+        self._state = _GREETING
+        self._greeting = b""
+        self._decoder = codec.FrameDecoder(factory.max_message_size)
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._lost = False
+        self._waiters: list[Deferred[None]] = []
+
+    def connectionMade(self) -> None:
+        address = self.transport.getPeer()
+        self.peer = f"{getattr(address, 'host', address)}:{getattr(address, 'port', '')}"
+        self.factory.connections.add(self)
+        self.transport.write(codec.greeting())
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._state = _CLOSED
+        self._lost = True
+        self.factory._unregister(self)
+        waiters, self._waiters = self._waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def close(self) -> Deferred[None]:
+        """Flush what was written, then disconnect; fires once the connection is gone."""
+        if self._lost:
+            return succeed(None)
+        waiter: Deferred[None] = Deferred()
+        self._waiters.append(waiter)
+        if self._state != _CLOSED:
+            self._state = _CLOSED
+            self.transport.loseConnection()
+        return waiter
+
+    def send_message(self, frames: list[bytes]) -> None:
+        self.transport.write(codec.encode_message(frames))
+
+    # -- input --------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._state == _CLOSED:
+            return
+        try:
+            if self._state == _GREETING:
+                data = self._read_greeting(data)
+                if not data:
+                    return
+            for flags, body in self._decoder.feed(data):
+                if self._state == _CLOSED:
+                    return
+                if self._state == _HANDSHAKE:
+                    self._handshake(flags, body)
+                elif flags & COMMAND:
+                    self._command(body)
+                else:
+                    self._frame(flags, body)
+        except ZMTPError as e:
+            self._fail(str(e))
+
+    def _read_greeting(self, data: bytes) -> bytes:
+        greeting = self._greeting + data
+        codec.check_signature(greeting)
+        if len(greeting) < codec.GREETING_SIZE:
+            self._greeting = greeting
+            return b""
+        self._greeting = b""
+        peer = codec.parse_greeting(greeting[: codec.GREETING_SIZE])
+        if peer.mechanism != codec.NULL:
+            raise ZMTPError(f"mechanism {peer.mechanism!r} is not supported, only NULL")
+        self.version = (peer.major, peer.minor)
+        self._state = _HANDSHAKE
+        return greeting[codec.GREETING_SIZE :]
+
+    def _handshake(self, flags: int, body: bytes) -> None:
+        if not flags & COMMAND:
+            raise ZMTPError("a message frame before the handshake finished")
+        name, data = codec.parse_command(body)
+        if name == b"ERROR":
+            raise ZMTPError(f"peer sent ERROR during the handshake: {data[1:]!r}")
+        if name != b"READY":
+            raise ZMTPError(f"expected READY, got {name!r}")
+        properties = codec.parse_properties(data)
+        socket_type = properties.get(b"socket-type", b"")
+        if socket_type not in self.factory.peer_types:
+            reason = b"invalid socket type " + socket_type[:200]
+            self.transport.write(codec.error_command(reason))
+            raise ZMTPError(reason.decode("ascii", "replace"))
+        identity = properties.get(b"identity", b"")
+        if not identity or identity[0] == 0:
+            identity = self.factory.generate_identity()
+        self.transport.write(codec.ready_command(ROUTER))
+        self._state = _READY
+        self.identity = identity
+        log.debug(
+            "{name}: ZMTP {major}.{minor} {type} peer {peer} as {identity}",
+            name=self.factory.name, major=self.version[0], minor=self.version[1],
+            type=socket_type.decode("ascii", "replace"), peer=self.peer,
+            identity=describe(identity),
+        )
+        self.factory._register(self, identity)
+
+    def _command(self, body: bytes) -> None:
+        name, data = codec.parse_command(body)
+        if name == b"PING":
+            _ttl, context = codec.parse_ping(data)
+            self.transport.write(codec.pong_command(context))
+        elif name == b"ERROR":
+            raise ZMTPError(f"peer sent ERROR: {data[1:]!r}")
+        # PONG, SUBSCRIBE, CANCEL and unknown commands mean nothing to a ROUTER
+
+    def _frame(self, flags: int, body: bytes) -> None:
+        self._size += len(body)
+        if self._size > self.factory.max_message_size:
+            raise codec.TooLargeError(
+                f"message over the {self.factory.max_message_size} byte limit"
+            )
+        self._parts.append(body)
+        if flags & MORE:
+            return
+        frames, self._parts, self._size = self._parts, [], 0
+        identity = self.identity
+        if identity is None:
+            return
+        try:
+            self.factory.handler.message_received(self.factory, identity, frames)
+        except Exception:
+            log.failure(
+                "{name}: handling a message from {identity} failed",
+                name=self.factory.name, identity=describe(identity),
+            )
+
+    def _fail(self, reason: str) -> None:
+        log.warn(
+            "{name}: closing {peer}: {reason}",
+            name=self.factory.name, peer=self.peer, reason=reason,
+        )
+        self.close()

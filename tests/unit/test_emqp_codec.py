@@ -1,0 +1,116 @@
+"""eMQP frame layouts, headers, worker queue lists and eventmq's schedule hash."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mqserver.protocols.emqp import codec
+from mqserver.protocols.emqp.codec import EMQPError
+
+RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
+                          "class_args": [], "class_kwargs": {}}]).encode()
+
+
+def test_parse_envelope_uppercases_the_command_and_ignores_the_version():
+    envelope = codec.parse([b"", b"eMQP/9.9", b"ready", b"id", b"a", b"b"])
+    assert (envelope.command, envelope.msgid, envelope.body) == (b"READY", b"id", [b"a", b"b"])
+
+
+@pytest.mark.parametrize("frames", [[], [b"", b"eMQP/1.0", b"READY"], [b"x", b"v", b"C", b"i"]])
+def test_malformed_envelopes(frames):
+    with pytest.raises(EMQPError):
+        codec.parse(frames)
+
+
+def test_message_builds_frames_with_a_uuid_msgid():
+    frames = codec.message(codec.ACK, b"acked")
+    assert frames[:3] == [b"", b"eMQP/1.0", b"ACK"] and frames[4:] == [b"acked"]
+    assert len(frames[3]) == 36 and frames[3].count(b"-") == 4
+    assert codec.message(codec.KBYE, msgid=b"m") == [b"", b"eMQP/1.0", b"KBYE", b"m"]
+
+
+def test_headers_flags_and_numbers():
+    headers = codec.parse_headers(b"reply-requested,guarantee,retry-count:3,timeout:10, nohaste")
+    assert headers.reply_requested and headers.guarantee and headers.nohaste
+    assert (headers.number("retry-count"), headers.number("timeout")) == (3, 10)
+    assert headers.number("run_count") is None
+    assert codec.parse_headers(b"").flags == set()
+    assert codec.format_headers(headers) == b"guarantee,nohaste,reply-requested,retry-count:3,timeout:10"
+
+
+@pytest.mark.parametrize("frame", [b"timeout:soon", b"retry-count:-1", b"timeout:1.5"])
+def test_bad_header_numbers_make_the_message_malformed(frame):
+    with pytest.raises(EMQPError):
+        codec.parse_headers(frame)
+
+
+def test_worker_queues():
+    assert codec.parse_worker_queues(b"") == [(10, b"default")]
+    assert codec.parse_worker_queues(b'[[10, "default"], [5, "email"]]') == [
+        (10, b"default"), (5, b"email"),
+    ]
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [b"default", b"[]", b'[["10", "a"]]', b"[[10]]", b'{"a": 1}', b'[[true, "a"]]', b'[[1, ""]]',
+     b"\xff\xfe"],
+)
+def test_bad_worker_queues(frame):
+    with pytest.raises(EMQPError):
+        codec.parse_worker_queues(frame)
+
+
+def test_schedule_frames_eventmq_and_spec_forms():
+    s = codec.parse_schedule([b"default", b"nohaste", b"60", RUN, b""])
+    assert (s.queue, s.headers, s.interval, s.payload, s.cron) == (b"default", b"nohaste", 60, RUN, b"")
+    s = codec.parse_schedule([b"q", b"", b"-1", RUN, b"*/5 * * * *"])
+    assert (s.interval, s.cron) == (-1, b"*/5 * * * *")
+    assert codec.parse_schedule([b"q", b"", RUN]).payload == RUN
+    with pytest.raises(EMQPError):
+        codec.parse_schedule([b"q", b"", b"often", RUN, b""])
+    with pytest.raises(EMQPError):
+        codec.parse_schedule([b"q"])
+
+
+def test_schedule_hash_is_eventmqs():
+    options = json.loads(RUN)[1]
+    expected = hashlib.sha1(json.dumps(
+        {k: options[k] for k in ("args", "kwargs", "class_args", "class_kwargs", "path", "callable")},
+        sort_keys=True,
+    ).encode()).hexdigest()
+    assert codec.schedule_hash(RUN) == expected
+    # what eventmq 0.3.13's Scheduler.schedule_hash returns for the same job
+    assert expected == "19a0327399cce4e900124c06a150c266586c5fdf"
+
+
+@pytest.mark.parametrize("payload", [b"", b"[]", b'["run"]', b'["run", {"path": "x"}]', b"\xff"])
+def test_schedule_hash_needs_a_run_message(payload):
+    with pytest.raises(EMQPError):
+        codec.schedule_hash(payload)
+
+
+def test_timeout_reply_detection():
+    assert codec.is_timeout_reply(b'{"value": "TimeoutError"}')
+    assert not codec.is_timeout_reply(b'{"value": 5}')
+    assert not codec.is_timeout_reply(b'"TimeoutError" but not json {')
+
+
+def test_text_round_trips_any_bytes():
+    data = bytes(range(256))
+    assert codec.raw(codec.text(data)) == data
+
+
+@given(st.lists(st.binary(max_size=20), max_size=8))
+def test_parse_accepts_or_rejects_any_frames_cleanly(frames):
+    try:
+        envelope = codec.parse(frames)
+    except EMQPError:
+        assert len(frames) < 4 or frames[0]
+    else:
+        assert envelope.body == frames[4:]

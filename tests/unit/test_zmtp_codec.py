@@ -1,0 +1,195 @@
+"""ZMTP 3 wire format: greeting, commands, properties and the frame decoder."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mqserver.zmtp import codec
+from mqserver.zmtp.codec import COMMAND, LONG, MORE, FrameDecoder, TooLargeError, ZMTPError
+
+
+def peer_greeting(minor: int = 1, padding: bytes = b"\x00" * 8, mechanism: bytes = b"NULL",
+                  major: int = 3) -> bytes:
+    return (b"\xff" + padding + b"\x7f" + bytes((major, minor)) + mechanism.ljust(20, b"\x00")
+            + b"\x00" * 32)
+
+
+def test_our_greeting_is_64_bytes_zmtp_31_null_client():
+    data = codec.greeting()
+    assert len(data) == 64
+    assert data[0] == 0xFF and data[9] == 0x7F
+    assert data[10:12] == b"\x03\x01"
+    assert data[12:32] == b"NULL" + b"\x00" * 16
+    assert data[32] == 0 and data[33:] == b"\x00" * 31
+
+
+@pytest.mark.parametrize("minor", [0, 1, 7])
+@pytest.mark.parametrize("padding", [b"\x00" * 8, b"\x00" * 7 + b"\x09", b"\xaa" * 8])
+def test_any_padding_and_minor_version_is_accepted(minor, padding):
+    greeting = codec.parse_greeting(peer_greeting(minor, padding))
+    assert (greeting.major, greeting.minor, greeting.mechanism) == (3, minor, b"NULL")
+    assert not greeting.as_server
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"GET / HTTP/1.1\r\n" + b"x" * 48,  # another protocol
+        b"\xff" + b"\x00" * 8 + b"\x7e" + b"\x00" * 54,  # ZMTP 1.0: bit 0 of byte 9 clear
+        peer_greeting(major=2),
+    ],
+)
+def test_non_zmtp3_peers_are_refused(data):
+    with pytest.raises(ZMTPError):
+        codec.parse_greeting(data)
+
+
+def test_signature_is_checked_from_ten_bytes():
+    codec.check_signature(b"\xff\x00")  # not enough yet
+    with pytest.raises(ZMTPError):
+        codec.check_signature(b"\x01" + b"\x00" * 9)
+
+
+@pytest.mark.parametrize(
+    ("size", "header"),
+    [
+        (0, b"\x00\x00"),
+        (255, b"\x00\xff"),
+        (256, b"\x02" + (256).to_bytes(8, "big")),
+        (2**31, b"\x02" + (2**31).to_bytes(8, "big")),
+        (2**32 + 1, b"\x02" + (2**32 + 1).to_bytes(8, "big")),
+    ],
+)
+def test_frame_header_short_and_long_edges(size, header):
+    assert codec.frame_header(size) == header
+
+
+def test_message_sets_more_on_all_but_the_last_frame():
+    data = codec.encode_message([b"", b"a", b"x" * 300])
+    assert data == b"\x01\x00" + b"\x01\x01a" + b"\x02" + (300).to_bytes(8, "big") + b"x" * 300
+
+
+def test_ready_properties_round_trip_with_case_insensitive_names():
+    command = codec.ready_command(b"ROUTER", b"id")
+    [(flags, body)] = FrameDecoder(1000).feed(command)
+    assert flags == COMMAND
+    name, data = codec.parse_command(body)
+    assert name == b"READY"
+    assert codec.parse_properties(data) == {b"socket-type": b"ROUTER", b"identity": b"id"}
+    assert codec.parse_properties(b"\x0bSOCKET-TYPE\x00\x00\x00\x06DEALER") == {
+        b"socket-type": b"DEALER"
+    }
+
+
+@pytest.mark.parametrize(
+    "data",
+    [b"\x00", b"\x05ab", b"\x02ab\x00\x00", b"\x02ab\x00\x00\x00\x09short"],
+)
+def test_malformed_properties_are_errors(data):
+    with pytest.raises(ZMTPError):
+        codec.parse_properties(data)
+
+
+def test_ping_and_pong():
+    [(_, body)] = FrameDecoder(100).feed(codec.ping_command(30, b"ctx"))
+    name, data = codec.parse_command(body)
+    assert name == b"PING"
+    assert codec.parse_ping(data) == (30, b"ctx")
+    assert codec.pong_command(b"c" * 40) == codec.encode_command(b"PONG", b"c" * 16)
+    with pytest.raises(ZMTPError):
+        codec.parse_ping(b"\x00")
+
+
+def test_error_command_carries_a_short_reason():
+    data = codec.error_command(b"invalid socket type")
+    assert data == b"\x04\x1a\x05ERROR\x13invalid socket type"
+
+
+@pytest.mark.parametrize("body", [b"", b"\x00", b"\x09READY"])
+def test_malformed_commands(body):
+    with pytest.raises(ZMTPError):
+        codec.parse_command(body)
+
+
+def test_decoder_edges_around_255_and_256_bytes():
+    sizes = [0, 1, 254, 255, 256, 257, 70000]
+    frames = [bytes([i % 251]) * size for i, size in enumerate(sizes)]
+    data = codec.encode_message(frames)
+    decoded = FrameDecoder(100000).feed(data)
+    assert [body for _, body in decoded] == frames
+    assert [flags & MORE for flags, _ in decoded] == [MORE] * 6 + [0]
+    assert [bool(flags & LONG) for flags, _ in decoded] == [False] * 4 + [True] * 3
+
+
+def test_decoder_at_every_split_point():
+    data = codec.encode_message([b"", b"eMQP/1.0", b"x" * 256, b"y" * 255]) + codec.ping_command()
+    expected = FrameDecoder(1000).feed(data)
+    for split in range(len(data) + 1):
+        decoder = FrameDecoder(1000)
+        got = decoder.feed(data[:split]) + decoder.feed(data[split:])
+        assert got == expected, split
+        assert decoder.buffered() == 0
+
+
+def test_decoder_byte_at_a_time():
+    data = codec.encode_message([b"a" * 300, b"b"])
+    decoder = FrameDecoder(1000)
+    got = []
+    for i in range(len(data)):
+        got += decoder.feed(data[i : i + 1])
+    assert [body for _, body in got] == [b"a" * 300, b"b"]
+
+
+def test_a_huge_announced_frame_is_refused_before_its_body_arrives():
+    decoder = FrameDecoder(1024)
+    with pytest.raises(TooLargeError):
+        decoder.feed(b"\x02" + (2**31).to_bytes(8, "big"))
+
+
+@pytest.mark.parametrize("flags", [0x08, 0x80, COMMAND | MORE])
+def test_bad_flags_are_errors(flags):
+    with pytest.raises(ZMTPError):
+        FrameDecoder(100).feed(bytes((flags, 0)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    frames=st.lists(st.binary(max_size=600), min_size=1, max_size=6),
+    cuts=st.lists(st.integers(min_value=0, max_value=5000), max_size=8),
+)
+def test_encode_then_decode_with_any_chunking(frames, cuts):
+    data = codec.encode_message(frames)
+    points = sorted({min(c, len(data)) for c in cuts})
+    decoder = FrameDecoder(1000)
+    got = []
+    last = 0
+    for point in [*points, len(data)]:
+        got += decoder.feed(data[last:point])
+        last = point
+    assert [body for _, body in got] == frames
+    assert [flags & MORE for flags, _ in got] == [MORE] * (len(frames) - 1) + [0]
+
+
+@settings(max_examples=100, deadline=None)
+@given(padding=st.binary(min_size=8, max_size=8), minor=st.integers(0, 255),
+       filler=st.binary(min_size=32, max_size=32))
+def test_any_greeting_padding_and_filler_parse(padding, minor, filler):
+    data = b"\xff" + padding + b"\x7f\x03" + bytes((minor,)) + b"NULL".ljust(20, b"\x00") + filler
+    greeting = codec.parse_greeting(data)
+    assert (greeting.major, greeting.minor, greeting.mechanism) == (3, minor, b"NULL")
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.binary(max_size=200))
+def test_the_decoder_never_fails_except_with_zmtp_errors(data):
+    decoder = FrameDecoder(64)
+    try:
+        frames = decoder.feed(data)
+    except ZMTPError:
+        return
+    assert all(len(body) <= 64 for _, body in frames)
+    consumed = sum(len(codec.frame_header(len(body), flags & ~LONG)) + len(body)
+                   for flags, body in frames)
+    assert consumed + decoder.buffered() <= len(data)
