@@ -120,6 +120,21 @@ class IDeliverySink(Interface):
         ``--update``).  Must not call back into the broker."""
 
 
+class IClientConnection(Interface):
+    """A client connection an operator may close (``DELETE /api/connections/ID``).
+
+    Provided by the ``sink`` of a broker ``Connection`` whose protocol can
+    drop its client.  The broker core never calls it; only the HTTP API does.
+    """
+
+    def close(self):
+        """Drop the client.  The connection's consumers are cancelled and their
+        unacked messages requeued when it is gone, as on any disconnect.
+
+        :param reason: text for the log, e.g. who asked.
+        """
+
+
 class IBroker(Interface):
     """The queue core as protocols and the HTTP API see it.
 

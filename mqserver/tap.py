@@ -67,10 +67,19 @@ class Options(usage.Options):
         ["ttl-interval", None, 1.0, "Seconds between sweeps for expired messages.", float],
         ["dispatch-batch", None, 1024,
          "Most messages one queue dispatches per reactor turn.", int],
+        ["http", None, "tcp:8080:interface=127.0.0.1",
+         "Endpoint of the HTTP API, metrics and dashboard (see docs/http.md)."],
+        ["http-token", None, None,
+         "Bearer token that HTTP requests which change anything must carry; without "
+         "one (or --http-token-file) the HTTP API is read-only."],
+        ["http-token-file", None, None, "Read the HTTP bearer token from this file."],
+        ["http-max-body", None, 16 * 1024 * 1024,
+         "Largest HTTP request body in bytes; larger ones get 413.", int],
         *_plugin_options(_PROTOCOLS, _STORAGE),
     ]
     optFlags = [
         ["no-gc-tuning", None, "Do not freeze start-up objects or raise the GC threshold."],
+        ["no-http", None, "Do not serve the HTTP API, metrics and dashboard."],
     ]
 
     def __init__(self) -> None:
@@ -99,6 +108,15 @@ class Options(usage.Options):
             self["protocols"] = [
                 (name, plugin.default_endpoint) for name, plugin in sorted(_PROTOCOLS.items())
             ]
+        if self["http-token-file"]:
+            if self["http-token"]:
+                raise usage.UsageError("give --http-token or --http-token-file, not both")
+            from mqserver.web import read_token
+
+            try:
+                self["http-token"] = read_token(self["http-token-file"])
+            except ValueError as e:
+                raise usage.UsageError(str(e)) from None
 
 
 class Listener(Service):
@@ -168,4 +186,11 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         for label, extra, extra_factory in extras:
             endpoint = endpoints.serverFromString(reactor, extra)
             Listener(label, endpoint, extra_factory, reactor).setServiceParent(service)
+    if not config["no-http"]:
+        from mqserver.web.app import build_site
+
+        site = build_site(broker, token=config["http-token"], max_body=config["http-max-body"],
+                          storage_name=config["storage"])
+        endpoint = endpoints.serverFromString(reactor, config["http"])
+        Listener("http", endpoint, site, reactor).setServiceParent(service)
     return service

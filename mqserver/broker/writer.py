@@ -35,6 +35,8 @@ class StoreWriter:
         self.batches = 0
         self.last_batch_size = 0
         self.last_batch_seconds = 0.0
+        # with ``batches``, a latency average for /metrics (a Prometheus summary)
+        self.batch_seconds_total = 0.0
         self.failures = 0
         self.last_error: str | None = None
 
@@ -71,6 +73,7 @@ class StoreWriter:
         self._in_flight = False
         self.batches += 1
         self.last_batch_seconds = self._clock.seconds() - started
+        self.batch_seconds_total += self.last_batch_seconds
         waiters, self._flight_waiters = self._flight_waiters, []
         if isinstance(result, Failure):
             self.failures += 1

@@ -26,6 +26,9 @@ class Server:
         self.log: list[str] = []
         self.ports: dict[str, int] = {}
         self._seen = threading.Condition()
+        http = any(a.startswith("--http=") for a in args)
+        if not http and "--no-http" not in args:
+            args = [*args, "--no-http"]  # the default :8080 would clash between servers
         self.process = subprocess.Popen(
             [TWISTD, "-n", "--pidfile=", "mqserver", "--no-gc-tuning", *args],
             cwd=workdir,
@@ -35,6 +38,8 @@ class Server:
         )
         threading.Thread(target=self._read, daemon=True).start()
         expected = {a.split(":")[0].split("=")[-1] for a in args if a.startswith("--protocol")}
+        if http:
+            expected.add("http")
         deadline = time.monotonic() + timeout
         with self._seen:
             while not expected <= set(self.ports):

@@ -375,3 +375,14 @@ def test_records_are_kept_and_reach_a_durable_store(clock):
     broker.delete_record(b"ns", b"k")
     clock.advance(0)
     assert store.batches == [[(PUT, b"ns", b"k", b"v1"), (PUT, b"ns", b"k", b"v2"), (DELETE, b"ns", b"k")]]
+
+
+def test_writer_sums_batch_latency_for_metrics(clock):
+    store = RecordingDurableStore()
+    broker = Broker(store, clock)
+    for seconds in (0.25, 0.5):
+        broker.publish_to_queue(b"q", b"m", b"x")
+        clock.advance(0)
+        clock.advance(seconds)
+        store.pending.pop().callback(None)
+    assert (broker.writer.batches, broker.writer.batch_seconds_total) == (2, 0.75)

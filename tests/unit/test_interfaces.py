@@ -11,6 +11,7 @@ from zope.interface.verify import verifyObject
 from mqserver.broker.core import Broker
 from mqserver.interfaces import (
     IBroker,
+    IClientConnection,
     IDeliverySink,
     IMessageStore,
     IProtocolPlugin,
@@ -23,6 +24,7 @@ from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.protocols.phpmq.protocol import PHPMQFactory
 from mqserver.storage.memory import MemoryStore
 from mqserver.testing import RecordingSink
+from mqserver.web.consumers import HTTPConsumers
 
 
 def _mqks_protocol():
@@ -31,6 +33,10 @@ def _mqks_protocol():
 
 def _phpmq_protocol():
     return PHPMQFactory(Broker(MemoryStore(), Clock())).buildProtocol(None)
+
+
+def _http_consumer():
+    return HTTPConsumers(Broker(MemoryStore(), Clock())).open(b"c", b"q", "127.0.0.1:1")
 
 
 def _emqp_worker():
@@ -53,6 +59,10 @@ IMPLEMENTATIONS = [
     (IPushProducer, _phpmq_protocol),
     (IDeliverySink, _emqp_worker),
     (IDeliverySink, RecordingSink),
+    (IClientConnection, _mqks_protocol),
+    (IClientConnection, _phpmq_protocol),
+    (IDeliverySink, _http_consumer),
+    (IClientConnection, _http_consumer),
 ]
 
 

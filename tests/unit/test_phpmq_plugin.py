@@ -53,7 +53,8 @@ def test_help_documents_the_options():
 
 def test_make_service_listens_on_the_phpmq_endpoint():
     reactor = MemoryReactorClock()
-    options = parse("--protocol", "phpmq:tcp:4322:interface=127.0.0.1", "--no-gc-tuning")
+    options = parse("--protocol", "phpmq:tcp:4322:interface=127.0.0.1", "--no-gc-tuning",
+                    "--no-http", "--storage=memory")
     service = tap.makeService(options, reactor=reactor)
     service.startService()
     [(port, factory, _backlog, interface)] = reactor.tcpServers

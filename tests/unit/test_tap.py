@@ -45,7 +45,8 @@ def test_help_documents_plugin_options():
 
 def test_make_service_opens_storage_then_listens():
     reactor = MemoryReactorClock()
-    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--no-gc-tuning")
+    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--no-gc-tuning",
+                    "--no-http")
     service = tap.makeService(options, reactor=reactor)
     service.startService()
     assert service.ready.called
@@ -73,3 +74,33 @@ def test_extra_listeners_start_once_per_protocol_with_their_labels():
     assert all(interface == "127.0.0.1" for port, _, _, interface in reactor.tcpServers
                if port != 4321)
     assert service.stopService().called
+
+
+def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
+                    f"--http-token-file={token}", "--http-max-body=1000")
+    reactor = MemoryReactorClock()
+    service = tap.makeService(options, reactor=reactor)
+    service.startService()
+    http = [(port, factory) for port, factory, _, interface in reactor.tcpServers
+            if (port, interface) == (8080, "127.0.0.1")]
+    assert [type(factory).__name__ for _, factory in http] == ["APISite"]
+    assert (http[0][1].api.token, http[0][1].max_body) == ("s3cret", 1000)
+    assert service.stopService().called
+    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
+                    "--no-http")
+    reactor = MemoryReactorClock()
+    tap.makeService(options, reactor=reactor).startService()
+    assert [port for port, *_ in reactor.tcpServers] == [4321]
+
+
+def test_http_token_options_are_checked(tmp_path):
+    with pytest.raises(usage.UsageError, match="not both"):
+        parse("--http-token=a", f"--http-token-file={tmp_path / 'token'}")
+    with pytest.raises(usage.UsageError, match="cannot read --http-token-file"):
+        parse(f"--http-token-file={tmp_path / 'missing'}")
+    (tmp_path / "empty").write_text("  \n")
+    with pytest.raises(usage.UsageError, match="is empty"):
+        parse(f"--http-token-file={tmp_path / 'empty'}")

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqserver.broker.queue import Consumer
-from mqserver.interfaces import IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink
 from mqserver.model import Message
 from mqserver.protocols.mqks import codec
 from mqserver.protocols.mqks.codec import MQKSError
@@ -51,7 +51,7 @@ class MQKSFactory(Factory):
         return consumer
 
 
-@implementer(IDeliverySink, IPushProducer)
+@implementer(IDeliverySink, IPushProducer, IClientConnection)
 class MQKSProtocol(Protocol):
     def __init__(self, factory: MQKSFactory) -> None:
         self.factory = factory
@@ -111,6 +111,13 @@ class MQKSProtocol(Protocol):
 
     def stopProducing(self) -> None:
         pass
+
+    def close(self, reason: str) -> None:
+        """IClientConnection: an operator drops this client (HTTP API)."""
+        log.info("mqks connection {id} closed by the server: {reason}",
+                 id=self.connection.id if self.connection else None, reason=reason)
+        self._closing = True
+        self.transport.loseConnection()
 
     # -- parsing ------------------------------------------------------------
 

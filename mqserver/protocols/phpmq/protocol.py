@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqserver.broker.queue import Consumer
-from mqserver.interfaces import IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink
 from mqserver.model import Message, QueueOptions, new_message_id
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import (
@@ -76,7 +76,7 @@ class PHPMQFactory(Factory):
         return protocol
 
 
-@implementer(IDeliverySink, IPushProducer)
+@implementer(IDeliverySink, IPushProducer, IClientConnection)
 class PHPMQProtocol(Protocol):
     def __init__(self, factory: PHPMQFactory) -> None:
         self.factory = factory
@@ -131,6 +131,11 @@ class PHPMQProtocol(Protocol):
 
     def stopProducing(self) -> None:
         pass
+
+    def close(self, reason: str) -> None:
+        """IClientConnection: an operator drops this client (HTTP API)."""
+        if not self._closing:
+            self._close(reason)
 
     # -- input --------------------------------------------------------------
 

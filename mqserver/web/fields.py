@@ -1,0 +1,103 @@
+# -*- test-case-name: tests.unit.test_web_api -*-
+"""Checking request fields: every bad value is a 400 that names the field.
+
+JSON gives no guarantee about types, and a TypeError deep in the broker
+would be a 500; so every field a handler reads goes through one of these.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import math
+from typing import Any
+
+from mqserver.web.router import APIError, raw
+
+
+def number(
+    obj: dict[str, Any],
+    key: str,
+    default: float | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    integer: bool = False,
+) -> Any:
+    """A number field (None or absent gives ``default``), within bounds."""
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str):
+        try:
+            value = float(value) if not integer else int(value)
+        except ValueError:
+            raise APIError(400, f"{key!r} must be a number") from None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise APIError(400, f"{key!r} must be a number")
+    if integer and value != int(value):
+        raise APIError(400, f"{key!r} must be an integer")
+    if minimum is not None and value < minimum:
+        raise APIError(400, f"{key!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise APIError(400, f"{key!r} must be at most {maximum}")
+    return int(value) if integer else float(value)
+
+
+def boolean(obj: dict[str, Any], key: str, default: bool = False) -> bool:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if isinstance(value, str) and value.lower() in ("1", "true", "yes", "0", "false", "no"):
+        return value.lower() in ("1", "true", "yes")
+    if not isinstance(value, bool):
+        raise APIError(400, f"{key!r} must be true or false")
+    return value
+
+
+def string(obj: dict[str, Any], key: str, default: str | None = None) -> str | None:
+    value = obj.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, str) or not value:
+        raise APIError(400, f"{key!r} must be a non-empty string")
+    return value
+
+
+def names(obj: dict[str, Any], key: str) -> list[bytes]:
+    """A list of non-empty strings (event names, masks, ids) as bytes."""
+    value = obj.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise APIError(400, f"{key!r} must be a list of non-empty strings")
+    return [raw(v) for v in value]
+
+
+def headers(obj: dict[str, Any], key: str = "headers") -> dict[str, str] | None:
+    value = obj.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise APIError(400, f"{key!r} must be an object of string values")
+    return dict(value) or None
+
+
+def message_body(obj: dict[str, Any]) -> bytes:
+    """``body`` (text, sent as UTF-8) or ``body_base64``: exactly one of them."""
+    has_text, has_b64 = "body" in obj, "body_base64" in obj
+    if has_text == has_b64:
+        raise APIError(400, "give exactly one of 'body' (text) and 'body_base64'")
+    if has_text:
+        value = obj["body"]
+        if not isinstance(value, str):
+            raise APIError(400, "'body' must be a string (use 'body_base64' for binary data)")
+        return raw(value)
+    value = obj["body_base64"]
+    if not isinstance(value, str):
+        raise APIError(400, "'body_base64' must be a base64 string")
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise APIError(400, "'body_base64' is not valid base64") from None
