@@ -181,8 +181,11 @@ class HTTPConsumers:
 
     def open(self, name: bytes | None, queue: bytes, peer: str) -> HTTPConsumer:
         """The session ``name`` (made if new; a fresh name if None)."""
-        if name is not None and name in self.sessions:
-            return self.get(name, queue)
+        existing = self.sessions.get(name) if name is not None else None
+        if existing is not None and not existing.consumer.active:
+            existing.close("consumer cancelled")  # its queue went; start afresh
+        elif existing is not None:
+            return self.get(existing.name, queue)
         if len(self.sessions) >= self.max_sessions:
             raise APIError(503, "too many HTTP consumers; ack and let idle ones expire")
         name = name or b"http-" + new_message_id()[:16]

@@ -142,6 +142,15 @@ def test_deleting_the_queue_ends_a_waiting_poll(web):
     assert web.finish(pending) == (200, {"consumer": "w", "queue": "q", "lease": 30.0,
                                          "messages": []})
     assert web.api.consumers.sessions == {} and web.broker.connections == {}
+    web.broker.declare_queue(b"q")
+    pending = consume(web, consumer="w", timeout=30)
+    web.stub.flush()
+    web.broker.delete_queue(b"q")  # the session is ended next turn...
+    web.broker.declare_queue(b"q")
+    status, answer = web.request("POST", "/api/queues/q/consume", json={"consumer": "w"})
+    assert (status, answer["messages"]) == (200, [])  # ...and a new poll starts afresh
+    web.turn()
+    assert web.answered(pending)
 
 
 def test_connections_list_and_close_every_protocol(web):
