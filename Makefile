@@ -20,7 +20,7 @@ run: $(VENV)/.installed
 	$(BIN)/twistd -n --pidfile= mqserver
 
 test: $(VENV)/.installed
-	$(BIN)/ruff check mqserver tests twisted setup.py
+	$(BIN)/ruff check mqserver tests twisted setup.py bench contrib
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 wheel-test:

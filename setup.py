@@ -32,11 +32,12 @@ setup(
     install_requires=[
         "Twisted>=24.7",
         "zope.interface>=6",
+        "sqlite-utils>=3.36",
         "treq>=23.11",
         "prometheus_client>=0.17",
         "croniter>=2",
     ],
-    package_data={"mqserver.web": ["static/*"]},
+    package_data={"mqserver.storage": ["schema/*.sql"], "mqserver.web": ["static/*"]},
     extras_require={
         "test": [
             "pytest>=8",

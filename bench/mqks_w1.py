@@ -62,7 +62,8 @@ def one_round(port: int, queue: str, count: int, size: int) -> tuple[float, floa
         data = pending + chunk
         cut = data.rfind(b"\n") + 1
         complete, pending = data[:cut], data[cut:]
-        ids = [line[len(prefix):line.index(b" ", len(prefix))] for line in complete.split(b"\n")[:-1]]
+        ids = [line[len(prefix):line.index(b" ", len(prefix))]
+               for line in complete.split(b"\n")[:-1]]
         received += len(ids)
         consumer.sendall(b"".join(b"a ack c%s %s\n" % (queue.encode(), mid) for mid in ids))
     drained = time.perf_counter()

@@ -124,7 +124,77 @@ class MemoryStoragePlugin:
         return MemoryStore()
 
 
+def _sqlite_sync(value: str) -> str:
+    """Checks ``--sqlite-sync`` while options are parsed."""
+    if value not in ("full", "normal"):
+        raise ValueError(f"{value!r} is not full or normal")
+    return value
+
+
+_sqlite_sync.coerceDoc = "One of full, normal."  # type: ignore[attr-defined]
+
+
+def _fsync_policy(value: str) -> str:
+    """Checks ``--fsync`` while options are parsed (always, never, interval:MS)."""
+    policy, _, ms = value.partition(":")
+    if value not in ("always", "never") and not (
+        policy == "interval" and ms.isdigit() and int(ms) > 0
+    ):
+        raise ValueError(f"{value!r} is not always, never or interval:MS")
+    return value
+
+
+_fsync_policy.coerceDoc = "always, never or interval:MS."  # type: ignore[attr-defined]
+
+
+@implementer(IPlugin, IStoragePlugin)
+class SQLiteStoragePlugin:
+    name = "sqlite"
+    description = "one SQLite file in --data-dir (WAL, one transaction per batch)"
+    options = [
+        ["sqlite-sync", None, "full",
+         "SQLite: PRAGMA synchronous. full: a confirmed batch survives a power cut; "
+         "normal: it survives a crash of the process, a power cut may lose the last ones.",
+         _sqlite_sync],
+    ]
+
+    def build_store(self, config: Any, reactor: Any) -> Any:
+        import os
+
+        from mqserver.storage.sqlite import FILENAME, SQLiteStore
+
+        path = os.path.join(config.get("data-dir", "data"), FILENAME)
+        return SQLiteStore(path, reactor, sync=str(config.get("sqlite-sync", "full")))
+
+
+@implementer(IPlugin, IStoragePlugin)
+class LogStoragePlugin:
+    name = "log"
+    description = "append-only segment files in --data-dir/log (CRC-checked, compacted)"
+    options = [
+        ["fsync", None, "interval:50",
+         "log: always (a confirmed batch is on disk, one fsync per batch), interval:MS "
+         "(written to the OS at once, fsynced every MS ms) or never.", _fsync_policy],
+        ["log-segment-mb", None, 64, "log: segment file size in MiB before a new one starts.",
+         int],
+    ]
+
+    def build_store(self, config: Any, reactor: Any) -> Any:
+        import os
+
+        from mqserver.storage.log import LogStore
+
+        return LogStore(
+            os.path.join(config.get("data-dir", "data"), "log"),
+            reactor,
+            fsync=str(config.get("fsync", "interval:50")),
+            segment_bytes=int(config.get("log-segment-mb", 64)) * 1024 * 1024,
+        )
+
+
 mqks = MQKSProtocolPlugin()
 phpmq = PHPMQProtocolPlugin()
 emqp = EMQPProtocolPlugin()
 memory = MemoryStoragePlugin()
+sqlite = SQLiteStoragePlugin()
+logstore = LogStoragePlugin()

@@ -12,6 +12,7 @@ options are merged into ``Options`` when this module is imported.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from twisted.application.service import IService, Service
@@ -62,8 +63,9 @@ class Options(usage.Options):
         + "."
     )
     optParameters = [
-        ["storage", "s", "memory", "Storage backend: " + ", ".join(sorted(_STORAGE)) + "."],
-        ["data-dir", "d", "data", "Directory for durable storage backends."],
+        ["storage", "s", "sqlite", "Storage backend: " + ", ".join(sorted(_STORAGE)) + "."],
+        ["data-dir", "d", "data",
+         "Directory for durable storage backends; created if missing."],
         ["ttl-interval", None, 1.0, "Seconds between sweeps for expired messages.", float],
         ["dispatch-batch", None, 1024,
          "Most messages one queue dispatches per reactor turn.", int],
@@ -167,6 +169,11 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     from mqserver.broker.service import BrokerService
 
     store = _STORAGE[config["storage"]].build_store(config, reactor)
+    if store.durable:
+        # here rather than in each backend: a missing ./data/ is the normal
+        # first run, and a path that cannot be created fails before twistd
+        # daemonizes, with the reason on the terminal
+        os.makedirs(config["data-dir"], exist_ok=True)
     broker = Broker(store, reactor, dispatch_batch=config["dispatch-batch"])
     service = BrokerService(
         broker, ttl_interval=config["ttl-interval"], tune_gc=not config["no-gc-tuning"]

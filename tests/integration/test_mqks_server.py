@@ -37,7 +37,9 @@ def test_round_robin_manual_ack_and_disconnect_requeue(connect):
     a.close()
     assert b.read(1) == [b"b ok m2 event=e,retry=1 body 2"]
     b.send("r reject --confirm b m1")
-    assert b.read(2) == [b"r ok ", b"b ok m1 event=e,retry=1 body 1"]
+    # with durable storage (the default) the confirm waits for the commit,
+    # so the redelivery may overtake it
+    assert sorted(b.read(2)) == [b"b ok m1 event=e,retry=1 body 1", b"r ok "]
 
 
 def test_errors_keep_the_connection(connect, mqks_server):

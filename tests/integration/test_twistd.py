@@ -30,7 +30,9 @@ def test_port_in_use_stops_the_server(start_server, tmp_path):
     first = start_server("--protocol=mqks:tcp:0:interface=127.0.0.1")
     port = first.ports["mqks"]
     out = subprocess.run(
-        [TWISTD, "-n", "--pidfile=", "mqserver", f"--protocol=mqks:tcp:{port}:interface=127.0.0.1"],
+        # memory: the first server holds the SQLite lock of this directory
+        [TWISTD, "-n", "--pidfile=", "mqserver", f"--protocol=mqks:tcp:{port}:interface=127.0.0.1",
+         "--storage=memory"],
         capture_output=True, text=True, cwd=tmp_path, timeout=60,
     )
     assert "mqks could not listen" in out.stdout + out.stderr

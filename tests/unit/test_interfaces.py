@@ -17,12 +17,14 @@ from mqserver.interfaces import (
     IProtocolPlugin,
     IStoragePlugin,
 )
-from mqserver.plugins import emqp, memory, mqks, phpmq
+from mqserver.plugins import emqp, logstore, memory, mqks, phpmq, sqlite
 from mqserver.protocols.emqp.peers import Worker
 from mqserver.protocols.emqp.service import EMQPService
 from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.protocols.phpmq.protocol import PHPMQFactory
+from mqserver.storage.log import LogStore
 from mqserver.storage.memory import MemoryStore
+from mqserver.storage.sqlite import SQLiteStore
 from mqserver.testing import RecordingSink
 from mqserver.web.consumers import HTTPConsumers
 
@@ -47,6 +49,12 @@ IMPLEMENTATIONS = [
     (IMessageStore, MemoryStore),
     (IStoragePlugin, lambda: memory),
     (IPlugin, lambda: memory),
+    (IMessageStore, lambda: SQLiteStore("unused.sqlite3")),
+    (IStoragePlugin, lambda: sqlite),
+    (IPlugin, lambda: sqlite),
+    (IMessageStore, lambda: LogStore("unused-log")),
+    (IStoragePlugin, lambda: logstore),
+    (IPlugin, lambda: logstore),
     (IProtocolPlugin, lambda: mqks),
     (IPlugin, lambda: mqks),
     (IProtocolPlugin, lambda: phpmq),

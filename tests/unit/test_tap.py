@@ -19,7 +19,8 @@ def test_defaults_listen_with_every_protocol_on_loopback():
     options = parse()
     assert ("mqks", "tcp:25000:interface=127.0.0.1") in options["protocols"]
     assert all("interface=127.0.0.1" in endpoint for _, endpoint in options["protocols"])
-    assert options["storage"] == "memory"
+    assert options["storage"] == "sqlite"
+    assert options["data-dir"] == "data"
 
 
 def test_protocol_with_and_without_endpoint():
@@ -45,8 +46,10 @@ def test_help_documents_plugin_options():
 
 def test_make_service_opens_storage_then_listens():
     reactor = MemoryReactorClock()
-    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--no-gc-tuning",
-                    "--no-http")
+    options = parse(
+        "--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--no-gc-tuning", "--storage=memory",
+        "--no-http",
+    )
     service = tap.makeService(options, reactor=reactor)
     service.startService()
     assert service.ready.called
@@ -104,3 +107,42 @@ def test_http_token_options_are_checked(tmp_path):
     (tmp_path / "empty").write_text("  \n")
     with pytest.raises(usage.UsageError, match="is empty"):
         parse(f"--http-token-file={tmp_path / 'empty'}")
+
+
+@pytest.mark.parametrize(
+    ("args", "storage", "location"),
+    [
+        ((), "SQLiteStore", "mqserver.sqlite3"),
+        (("--storage=log", "--fsync=always", "--log-segment-mb=1"), "LogStore", "log"),
+    ],
+)
+def test_durable_storage_creates_the_data_dir(tmp_path, args, storage, location):
+    data = tmp_path / "new" / "data"
+    options = parse("--protocol", "mqks:tcp:0:interface=127.0.0.1", f"--data-dir={data}", *args)
+    service = tap.makeService(options, reactor=MemoryReactorClock())
+    store = service.broker.store
+    assert type(store).__name__ == storage
+    assert data.is_dir()
+    assert str(getattr(store, "path", None) or store.directory) == str(data / location)
+    assert list(data.iterdir()) == []  # nothing is opened before the service starts
+
+
+def test_memory_storage_creates_no_data_dir(tmp_path):
+    options = parse("--storage=memory", f"--data-dir={tmp_path / 'data'}")
+    tap.makeService(options, reactor=MemoryReactorClock())
+    assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [("--sqlite-sync=off",), ("--fsync=sometimes",), ("--fsync=interval:0",),
+     ("--fsync=interval:",), ("--log-segment-mb=big",)],
+)
+def test_bad_storage_options_are_usage_errors(args):
+    with pytest.raises(usage.UsageError):
+        parse(*args)
+
+
+def test_storage_options_parse():
+    options = parse("--storage=log", "--fsync=interval:10", "--sqlite-sync=normal")
+    assert (options["fsync"], options["sqlite-sync"]) == ("interval:10", "normal")

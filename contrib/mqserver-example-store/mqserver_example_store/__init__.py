@@ -1,0 +1,1 @@
+"""An example third-party mqserver storage backend; see ``store.JSONSnapshotStore``."""

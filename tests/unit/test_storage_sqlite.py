@@ -1,0 +1,191 @@
+"""The SQLite backend: the storage contract, then what only SQLite has."""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from twisted.internet.task import Clock
+
+from mqserver.broker.core import Broker
+from mqserver.model import DECLARE, ENQUEUE, PUT, QueueOptions
+from mqserver.storage.errors import StoreFormatError, StoreLockedError
+from mqserver.storage.sqlite import SCHEMA_VERSION, SQLiteStore, schema_script, upgrade_steps
+from mqserver.testing import StoreContract, message
+
+
+class TestSQLiteStore(StoreContract):
+    def make_store(self, path: Path) -> SQLiteStore:
+        return SQLiteStore(path / "mqserver.sqlite3")
+
+
+class TestSQLiteStoreNormalSync(StoreContract):
+    def make_store(self, path: Path) -> SQLiteStore:
+        return SQLiteStore(path / "mqserver.sqlite3", sync="normal")
+
+
+def schema_of(path: Path) -> list[tuple[str, str]]:
+    with sqlite3.connect(path) as conn:
+        rows = conn.execute("SELECT name, sql FROM sqlite_master ORDER BY name").fetchall()
+    conn.close()
+    return [(name, " ".join((sql or "").split())) for name, sql in rows]
+
+
+def make_v1(path: Path) -> None:
+    """A database exactly as version 1 of the schema left it, with some state."""
+    conn = sqlite3.connect(path)
+    conn.executescript(schema_script("sqlite-v1.sql"))
+    conn.execute("INSERT INTO queues (name, dead_letter, max_length) VALUES (?, ?, ?)",
+                 (b"q", b"dlq", 5))
+    conn.execute("INSERT INTO bindings VALUES (?, ?)", (b"q", b"ev"))
+    for seq in (3, 9):
+        conn.execute(
+            "INSERT INTO messages (seq, queue, id, body, event, headers, created_at, retry) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (seq, b"q", b"m%d" % seq, b"body", b"ev", '{"h": "1"}', 10.0 + seq, 1),
+        )
+    conn.commit()
+    conn.close()
+
+
+def test_upgrade_steps_cover_every_version():
+    assert upgrade_steps(0) == ["sqlite-v1.sql", "sqlite-v1-to-v2.sql"]
+    assert upgrade_steps(1) == ["sqlite-v1-to-v2.sql"]
+    assert upgrade_steps(SCHEMA_VERSION) == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_upgrade_from_v1_keeps_the_data(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    make_v1(path)
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    yield store.apply([(PUT, b"ns", b"k", b"v")])  # a v2 table works at once
+    yield store.close()
+    queue = recovered.queues[b"q"]
+    assert [(m.id, m.seq, m.retry, m.headers) for m in queue.messages] == [
+        (b"m3", 3, 1, {"h": "1"}), (b"m9", 9, 1, {"h": "1"}),
+    ]
+    assert queue.options == QueueOptions(dead_letter=b"dlq", max_length=5)
+    assert queue.bindings == {b"ev"}
+    assert recovered.next_seq == 10
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone() == (10,)
+    conn.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_fresh_database_equals_an_upgraded_one(tmp_path: Path) -> Any:
+    make_v1(tmp_path / "old.sqlite3")
+    for name in ("old.sqlite3", "new.sqlite3"):
+        store = SQLiteStore(tmp_path / name)
+        yield store.open()
+        yield store.close()
+    assert schema_of(tmp_path / "old.sqlite3") == schema_of(tmp_path / "new.sqlite3")
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_newer_schema_is_refused(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    make_v1(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE schema_version SET version = 99")
+    conn.close()
+    with pytest.raises(StoreFormatError, match="schema version 99"):
+        yield SQLiteStore(path).open()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_foreign_database_is_refused(tmp_path: Path) -> Any:
+    path = tmp_path / "other.sqlite3"
+    with sqlite3.connect(path) as conn:
+        conn.execute("CREATE TABLE accounts (id INTEGER)")
+    conn.close()
+    with pytest.raises(StoreFormatError, match="not an mqserver database"):
+        yield SQLiteStore(path).open()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_second_server_cannot_open_the_file(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    first = SQLiteStore(path)
+    yield first.open()
+    with pytest.raises(StoreLockedError, match="in use by another process"):
+        yield SQLiteStore(path).open()
+    yield first.close()
+    second = SQLiteStore(path)
+    yield second.open()
+    yield second.close()
+
+
+@pytest.mark.parametrize(("sync", "level"), [("full", 2), ("normal", 1)])
+@pytest_twisted.inlineCallbacks
+def test_wal_and_sync_mode(tmp_path: Path, sync: str, level: int) -> Any:
+    store = SQLiteStore(tmp_path / "mqserver.sqlite3", sync=sync)
+    yield store.open()
+    modes = yield store.run_thd(lambda conn: (
+        conn.execute("PRAGMA journal_mode").fetchone()[0],
+        conn.execute("PRAGMA synchronous").fetchone()[0],
+        conn.execute("PRAGMA locking_mode").fetchone()[0],
+    ))
+    yield store.close()
+    assert modes == ("wal", level, "exclusive")
+
+
+def test_unknown_sync_mode_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="full, normal"):
+        SQLiteStore(tmp_path / "x.sqlite3", sync="off")
+
+
+@pytest_twisted.inlineCallbacks
+def test_group_commit_one_transaction_per_batch_off_the_reactor_thread(tmp_path: Path) -> Any:
+    """A turn's 1,000 publishes are one batch, one transaction, run in the store thread."""
+    store = SQLiteStore(tmp_path / "mqserver.sqlite3")
+    clock = Clock()
+    broker = Broker(store, clock)
+    broker.load((yield store.open()))
+    statements: list[tuple[int, str]] = []
+    yield store.run_thd(lambda conn: conn.set_trace_callback(
+        lambda sql: statements.append((threading.get_ident(), sql))
+    ))
+    for n in range(1000):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"body")
+    done = broker.durable()
+    clock.advance(0)
+    yield done
+    yield store.run_thd(lambda conn: conn.set_trace_callback(None))
+    commits = [sql for _, sql in statements if sql.strip().upper() == "COMMIT"]
+    assert len(commits) == 1
+    assert store.transactions == 1 and store.last_batch_ops == 1001  # declare + 1,000
+    assert broker.writer.batches == 1
+    assert threading.get_ident() not in {ident for ident, _ in statements}
+    recovered = yield _reopened(store)
+    assert len(recovered.queues[b"q"].messages) == 1000
+
+
+@pytest_twisted.inlineCallbacks
+def _reopened(store: SQLiteStore) -> Any:
+    yield store.close()
+    again = SQLiteStore(store.path)
+    recovered = yield again.open()
+    yield again.close()
+    return recovered
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_failing_batch_is_rolled_back_whole(tmp_path: Path) -> Any:
+    store = SQLiteStore(tmp_path / "mqserver.sqlite3")
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions()), (ENQUEUE, message(1))])
+    broken = message(3)
+    broken.body = None  # type: ignore[assignment]  # NOT NULL fails after message 2 went in
+    with pytest.raises(sqlite3.IntegrityError):
+        yield store.apply([(ENQUEUE, message(2)), (ENQUEUE, broken)])
+    yield store.apply([(ENQUEUE, message(4))])  # the store goes on
+    recovered = yield _reopened(store)
+    assert [m.seq for m in recovered.queues[b"q"].messages] == [1, 4]
