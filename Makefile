@@ -19,7 +19,19 @@ $(VENV)/.installed: $(SOURCES)
 run: $(VENV)/.installed
 	$(BIN)/twistd -n --pidfile= mqserver
 
-test: $(VENV)/.installed
+# eventmq 0.3.13 for the eMQP interop tests (tests/integration/emqp/test_emqp_eventmq.py).
+# Its own pins do not install on Python 3.11 (pyzmq 18.1 has no wheel, future
+# 0.15 breaks at import), so it gets a venv of its own with pins that work and
+# --no-deps.  If this fails the interop tests skip and say why.
+EVENTMQ_VENV := .venv-eventmq
+$(EVENTMQ_VENV)/.installed:
+	-rm -rf $(EVENTMQ_VENV) && $(PYTHON) -m venv $(EVENTMQ_VENV) \
+	  && $(EVENTMQ_VENV)/bin/python -m pip install -q pyzmq six monotonic==0.4 croniter==0.3.10 \
+	     psutil==5.6.6 future==1.0.0 \
+	  && $(EVENTMQ_VENV)/bin/python -m pip install -q --no-deps eventmq==0.3.13 \
+	  && touch $@
+
+test: $(VENV)/.installed $(EVENTMQ_VENV)/.installed
 	$(BIN)/ruff check mqserver tests twisted setup.py bench contrib
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
@@ -27,4 +39,4 @@ wheel-test:
 	$(BIN)/python -m tox
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(EVENTMQ_VENV) build dist *.egg-info .pytest_cache .hypothesis

@@ -30,6 +30,8 @@ def test_wheel_contents(tmp_path):
     assert "twisted/__init__.py" not in names
     assert "mqserver/protocols/mqks/protocol.py" in names
     assert "mqserver/protocols/phpmq/protocol.py" in names
+    assert "mqserver/protocols/emqp/service.py" in names
+    assert "mqserver/zmtp/router.py" in names
     assert "mqserver/storage/schema/sqlite-v1.sql" in names
     assert "mqserver/storage/schema/sqlite-v1-to-v2.sql" in names
     assert not any(name.startswith("tests/") for name in names)

@@ -516,6 +516,21 @@ def test_disconnect_stores_what_does_not_finish_in_time(h):
     assert (message.id, message.retry) == (b"g1", 0)
 
 
+def test_disconnect_does_not_wait_for_untracked_requests(h):
+    worker = h.worker(ready=1)
+    admin = h.admin()
+    client = h.client()
+    client.protocol.dataReceived(zmtp.encode_message(
+        [b"", V, codec.REQUEST, b"fire-and-forget", b"default", b"", RUN]
+    ))
+    pump = h.clock.calls.pop(0)  # one reactor turn that runs only the dispatch
+    pump.func(*pump.args, **pump.kw)
+    assert h.broker.in_flight() == 1  # delivered, its settling still pending
+    admin.protocol.dataReceived(zmtp.encode_message([b"", V, codec.DISCONNECT, b"d"]))
+    assert [m[2] for m in worker.recv()] == [b"REQUEST", b"KBYE"]
+    assert h.broker.ready_count() == 0 and h.broker.in_flight() == 0
+
+
 def test_disconnect_is_only_for_the_admin_socket(h):
     worker = h.worker()
     worker.send(codec.DISCONNECT)

@@ -218,9 +218,12 @@ class EMQPService:
         else:
             self._acks.append((consumer, message.id))
             if self._ack_call is None:
-                self._ack_call = self.clock.callLater(0, self._flush_acks)
+                self._ack_call = self.clock.callLater(0, self.flush_acks)
 
-    def _flush_acks(self) -> None:
+    def flush_acks(self) -> None:
+        """Settle the untracked requests sent so far (normally once per reactor turn)."""
+        if self._ack_call is not None and self._ack_call.active():
+            self._ack_call.cancel()
         self._ack_call = None
         acks, self._acks = self._acks, []
         for consumer, msgid in acks:
@@ -246,7 +249,7 @@ class EMQPService:
         worker.removed = True
         if self.workers.get(worker.identity) is worker:
             del self.workers[worker.identity]
-        self._flush_acks()
+        self.flush_acks()
         for timer in worker.timers.values():
             if timer.active():
                 timer.cancel()
