@@ -34,7 +34,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from mqserver.zmtp import codec
-from mqserver.zmtp.codec import COMMAND, MORE, ZMTPError
+from mqserver.zmtp.codec import COMMAND, LONG, MORE, ZMTPError
 
 log = Logger()
 
@@ -87,8 +87,12 @@ class ZMTPRouterFactory(Factory):
         name: str = "zmtp",
         max_message_size: int = DEFAULT_MAX_MESSAGE,
         peer_types: frozenset[bytes] = PEER_TYPES,
+        clock: Any = None,
+        handshake_timeout: float = 30.0,
     ) -> None:
         self.handler = handler
+        self.clock = clock
+        self.handshake_timeout = handshake_timeout
         self.name = name
         self.max_message_size = max_message_size
         self.peer_types = peer_types
@@ -163,16 +167,23 @@ class ZMTPConnection(TwistedProtocol):
         self._size = 0
         self._lost = False
         self._waiters: list[Deferred[None]] = []
+        self._handshake_timer: Any = None
 
     def connectionMade(self) -> None:
         address = self.transport.getPeer()
         self.peer = f"{getattr(address, 'host', address)}:{getattr(address, 'port', '')}"
         self.factory.connections.add(self)
         self.transport.write(codec.greeting())
+        if self.factory.clock is not None:
+            # a peer that never finishes the handshake must not hold a socket forever
+            self._handshake_timer = self.factory.clock.callLater(
+                self.factory.handshake_timeout, self._fail, "no handshake in time"
+            )
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._state = _CLOSED
         self._lost = True
+        self._stop_handshake_timer()
         self.factory._unregister(self)
         waiters, self._waiters = self._waiters, []
         for waiter in waiters:
@@ -243,10 +254,13 @@ class ZMTPConnection(TwistedProtocol):
             self.transport.write(codec.error_command(reason))
             raise ZMTPError(reason.decode("ascii", "replace"))
         identity = properties.get(b"identity", b"")
+        if len(identity) > 255:
+            raise ZMTPError(f"identity of {len(identity)} bytes; ZMTP allows 255")
         if not identity or identity[0] == 0:
             identity = self.factory.generate_identity()
         self.transport.write(codec.ready_command(ROUTER))
         self._state = _READY
+        self._stop_handshake_timer()
         self.identity = identity
         log.debug(
             "{name}: ZMTP {major}.{minor} {type} peer {peer} as {identity}",
@@ -266,7 +280,8 @@ class ZMTPConnection(TwistedProtocol):
         # PONG, SUBSCRIBE, CANCEL and unknown commands mean nothing to a ROUTER
 
     def _frame(self, flags: int, body: bytes) -> None:
-        self._size += len(body)
+        # wire size, headers included: a flood of empty frames counts too
+        self._size += len(body) + (9 if flags & LONG else 2)
         if self._size > self.factory.max_message_size:
             raise codec.TooLargeError(
                 f"message over the {self.factory.max_message_size} byte limit"
@@ -285,6 +300,11 @@ class ZMTPConnection(TwistedProtocol):
                 "{name}: handling a message from {identity} failed",
                 name=self.factory.name, identity=describe(identity),
             )
+
+    def _stop_handshake_timer(self) -> None:
+        if self._handshake_timer is not None and self._handshake_timer.active():
+            self._handshake_timer.cancel()
+        self._handshake_timer = None
 
     def _fail(self, reason: str) -> None:
         log.warn(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from twisted.internet.address import IPv4Address
+from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqserver.zmtp import codec
@@ -156,6 +157,7 @@ def test_ping_gets_pong_with_the_context_and_unknown_commands_are_ignored(router
         greeting() + codec.encode_command(b"PING", b"\x00\x00"),
         greeting() + ready() + b"\x08\x00",
         greeting() + ready() + codec.error_command(b"bye"),
+        greeting() + ready(b"DEALER", b"i" * 256),
     ],
 )
 def test_protocol_errors_close_the_connection(router, data):
@@ -165,13 +167,20 @@ def test_protocol_errors_close_the_connection(router, data):
     peer.send(codec.encode_message([b"ignored after close"]))
 
 
-def test_max_message_size_counts_all_frames(router, handler):
+def test_max_message_size_counts_all_frames_on_the_wire(router, handler):
     peer = handshake(router, b"big")
-    peer.send(codec.encode_message([b"a" * 600, b"b" * 400]))
-    assert handler.messages() == [(b"big", [b"a" * 600, b"b" * 400])]
-    peer.send(codec.encode_message([b"a" * 600, b"b" * 401]))
+    peer.send(codec.encode_message([b"a" * 600, b"b" * 382]))  # 609 + 391 bytes
+    assert handler.messages() == [(b"big", [b"a" * 600, b"b" * 382])]
+    peer.send(codec.encode_message([b"a" * 600, b"b" * 383]))
     assert peer.transport.disconnecting
     assert len(handler.messages()) == 1
+
+
+def test_a_flood_of_empty_frames_hits_the_limit(router, handler):
+    peer = handshake(router, b"flood")
+    peer.send(b"\x01\x00" * 600)
+    assert peer.transport.disconnecting
+    assert handler.messages() == []
 
 
 def test_whole_conversation_split_at_every_byte(handler):
@@ -226,3 +235,15 @@ def test_start_and_stop_reach_the_handler(router, handler):
     router.doStart()
     router.doStop()
     assert handler.events == [("started",), ("stopped",)]
+
+
+def test_a_peer_that_never_finishes_the_handshake_is_closed(handler):
+    clock = Clock()
+    router = ZMTPRouterFactory(handler, "slow", clock=clock, handshake_timeout=5)
+    silent, prompt = Peer(router), Peer(router)
+    prompt.send(greeting() + ready(b"DEALER", b"p"))
+    clock.advance(5)
+    assert silent.transport.disconnecting
+    assert not prompt.transport.disconnecting
+    silent.protocol.connectionLost()
+    assert clock.getDelayedCalls() == []

@@ -75,9 +75,15 @@ class EMQPService:
         self.drain_timeout = drain_timeout
         self.dead_letter = dead_letter
         self.on_disconnect = on_disconnect
-        self.frontend = ZMTPRouterFactory(FrontendHandler(self), "emqp", max_message_size)
-        self.backend = ZMTPRouterFactory(BackendHandler(self), "emqp-backend", max_message_size)
-        self.admin = ZMTPRouterFactory(AdminHandler(self), "emqp-admin", max_message_size)
+        self.frontend = ZMTPRouterFactory(
+            FrontendHandler(self), "emqp", max_message_size, clock=self.clock
+        )
+        self.backend = ZMTPRouterFactory(
+            BackendHandler(self), "emqp-backend", max_message_size, clock=self.clock
+        )
+        self.admin = ZMTPRouterFactory(
+            AdminHandler(self), "emqp-admin", max_message_size, clock=self.clock
+        )
         self.workers: dict[bytes, Worker] = {}
         self.schedulers: dict[bytes, Peer] = {}
         self.scheduler = ScheduleRunner(broker, self.run_scheduled)
