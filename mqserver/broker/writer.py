@@ -24,8 +24,11 @@ class StoreWriter:
     than queueing one commit per message.
     """
 
-    def __init__(self, store: IMessageStore, clock: IReactorTime) -> None:
+    def __init__(
+        self, store: IMessageStore, clock: IReactorTime, max_batch: int = 10_000
+    ) -> None:
         self._store = store
+        self.max_batch = max_batch
         self._clock = clock
         self.ops: list[tuple[Any, ...]] = []
         self._call: Any = None
@@ -61,8 +64,14 @@ class StoreWriter:
         self._call = None
         if self._in_flight or not self.ops:
             return
-        batch, self.ops = self.ops, []
-        self._flight_waiters, self._pending_waiters = self._pending_waiters, []
+        if len(self.ops) > self.max_batch:
+            # A store may encode a batch on the reactor thread: cap what one
+            # apply gets.  Waiters stay pending until the op list is empty,
+            # since they wait for every op added before them.
+            batch, self.ops = self.ops[: self.max_batch], self.ops[self.max_batch :]
+        else:
+            batch, self.ops = self.ops, []
+            self._flight_waiters, self._pending_waiters = self._pending_waiters, []
         self._in_flight = True
         self.last_batch_size = len(batch)
         started = self._clock.seconds()

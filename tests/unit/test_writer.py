@@ -77,3 +77,20 @@ def test_failed_batch_fails_its_waiters_and_later_batches_go_on():
     ok = writer.wait()
     clock.advance(0)
     assert ok.called and writer.last_error is None
+
+
+def test_big_backlogs_go_out_in_capped_batches_and_waiters_wait_for_all():
+    clock, store = Clock(), SlowStore()
+    writer = StoreWriter(store, clock, max_batch=3)
+    for n in range(7):
+        writer.add((n,))
+    done = writer.wait()
+    clock.advance(0)
+    assert [len(b) for b in store.batches] == [3]
+    store.pending[0].callback(None)
+    assert [len(b) for b in store.batches] == [3, 3] and not done.called
+    store.pending[1].callback(None)
+    assert [len(b) for b in store.batches] == [3, 3, 1] and not done.called
+    store.pending[2].callback(None)
+    assert done.called
+    assert [op for b in store.batches for op in b] == [(n,) for n in range(7)]
