@@ -19,37 +19,30 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from zope.interface import implementer
 
-from mqserver.broker.bindings import BindingIndex, mask_regex
+from mqserver.broker.bindings import BindingIndex
 from mqserver.broker.dispatch import by_priority, round_robin
 from mqserver.broker.queue import Connection, Consumer, Queue, Slots
+from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
+from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
 from mqserver.model import (
-    BIND,
-    DECLARE,
     DELETE,
-    DELETE_QUEUE,
     ENQUEUE,
     PUT,
     REMOVE,
     REQUEUE,
-    UNBIND,
     Message,
-    QueueOptions,
     Recovered,
 )
 
 log = Logger()
 
-MAX_RETRIES = "x-max-retries"
-"""Message header: redeliveries allowed before the message is dead-lettered."""
-
-KEEP: Any = object()
-"""Marker for 'leave this setting as it is'."""
+__all__ = ["KEEP", "MAX_RETRIES", "Broker"]
 
 
 @implementer(IBroker)
-class Broker:
+class Broker(Topology, Settling):
     def __init__(
         self, store: IMessageStore, clock: IReactorTime, dispatch_batch: int = 1024
     ) -> None:
@@ -133,106 +126,6 @@ class Broker:
         for consumer in connection.consumers.values():
             consumer.paused = False
             self._kick(consumer.queue)
-
-    # -- queues and bindings ------------------------------------------------
-
-    def declare_queue(self, name: bytes, options: QueueOptions | None = None) -> Queue:
-        """The queue called ``name``, created (with ``options``) if it is new."""
-        queue = self.queues.get(name)
-        if queue is None:
-            queue = Queue(name, options or QueueOptions(), self.clock.seconds())
-            self.queues[name] = queue
-            self._op((DECLARE, name, queue.options))
-        elif options is not None and options != queue.options:
-            self._set_options(queue, options)
-        return queue
-
-    def _set_options(self, queue: Queue, options: QueueOptions) -> None:
-        queue.options = options
-        self._op((DECLARE, queue.name, options))
-        if queue.consumers and queue.unused_timer is not None:
-            queue.unused_timer.cancel()
-            queue.unused_timer = None
-
-    def reconfigure(
-        self,
-        name: bytes,
-        replace: Iterable[bytes] | None = None,
-        remove: Iterable[bytes] = (),
-        remove_masks: Iterable[bytes] = (),
-        add: Iterable[bytes] = (),
-        options: QueueOptions = KEEP,
-        notify_except: Consumer | None = None,
-    ) -> bool:
-        """Change a queue's bindings and options; tell its consumers if anything changed.
-
-        Binding changes apply in the order replace, remove, remove by mask,
-        add, whatever order the caller listed them in.  Masks remove only
-        bound events that contain a dot.  Returns whether anything changed.
-        """
-        queue = self.declare_queue(name)
-        old = self.bindings.events_of(name)
-        new = set(replace) if replace else set(old)
-        new.difference_update(remove)
-        masks = list(remove_masks)
-        if masks and new:
-            regex = mask_regex(masks)
-            new.difference_update([e for e in new if b"." in e and regex.match(e)])
-        new.update(add)
-        for event in sorted(old - new):
-            self.bindings.unbind(name, event)
-            self._op((UNBIND, name, event))
-        for event in sorted(new - old):
-            self.bindings.bind(name, event)
-            self._op((BIND, name, event))
-        changed = new != old
-        if options is not KEEP and options != queue.options:
-            self._set_options(queue, options)
-            changed = True
-        if changed:
-            for consumer in list(queue.consumers):
-                if consumer is not notify_except:
-                    consumer.sink.queue_changed(consumer)
-        return changed
-
-    def delete_queue(self, name: bytes) -> bool:
-        """Drop a queue, its bindings, messages and consumers.  False if unknown.
-
-        Consumers are told (``queue_changed``) after the queue lost its
-        bindings and options, then removed; their unacked messages go too.
-        """
-        queue = self.queues.pop(name, None)
-        self.bindings.unbind_all(name)
-        self._dirty.pop(name, None)
-        if queue is None:
-            return False
-        queue.deleted = True
-        queue.options = QueueOptions()
-        if queue.unused_timer is not None:
-            queue.unused_timer.cancel()
-            queue.unused_timer = None
-        consumers, queue.consumers = queue.consumers, []
-        for consumer in consumers:
-            consumer.sink.queue_changed(consumer)
-            consumer.active = False
-            consumer.unacked.clear()
-            consumer.connection.consumers.pop(consumer.id, None)
-        queue.ready.clear()
-        self._op((DELETE_QUEUE, name))
-        return True
-
-    def purge(self, name: bytes) -> int:
-        """Drop a queue's ready messages; returns how many."""
-        queue = self.queues.get(name)
-        if queue is None:
-            return 0
-        count = len(queue.ready)
-        if self.writer is not None:
-            for message in queue.ready:
-                self.writer.add((REMOVE, name, message.seq))
-        queue.ready.clear()
-        queue.ttl_ready = 0
-        return count
 
     # -- publishing ---------------------------------------------------------
 
@@ -390,121 +283,6 @@ class Broker:
         if not consumers and not queue.deleted:
             self._unused(queue)
 
-    def _unused(self, queue: Queue) -> None:
-        delay = queue.options.delete_when_unused
-        if delay is None:
-            return
-        if delay <= 0:
-            self.delete_queue(queue.name)
-        else:
-            queue.unused_timer = self.clock.callLater(delay, self._delete_if_unused, queue)
-
-    def _delete_if_unused(self, queue: Queue) -> None:
-        queue.unused_timer = None
-        if not queue.consumers and self.queues.get(queue.name) is queue:
-            self.delete_queue(queue.name)
-
-    # -- settling -----------------------------------------------------------
-
-    def ack(self, consumer: Consumer, message_id: bytes) -> bool:
-        message = consumer.unacked.pop(message_id, None)
-        if message is None:
-            return False
-        queue = consumer.queue
-        consumer.acked += 1
-        queue.acked += 1
-        self._op((REMOVE, queue.name, message.seq))
-        self._kick(queue)
-        return True
-
-    def ack_any(self, queue_name: bytes, message_id: bytes) -> bool:
-        """Ack a delivery of ``queue_name`` whichever consumer holds it (PHPMQ 004)."""
-        queue = self.queues.get(queue_name)
-        if queue is None:
-            return False
-        for consumer in queue.consumers:
-            if message_id in consumer.unacked:
-                return self.ack(consumer, message_id)
-        return False
-
-    def ack_all(self, consumer: Consumer) -> int:
-        ids = list(consumer.unacked)
-        for message_id in ids:
-            self.ack(consumer, message_id)
-        return len(ids)
-
-    def reject(self, consumer: Consumer, message_id: bytes, ttl: float | None = KEEP) -> bool:
-        """Back to the tail with retry + 1 (and, if given, a new TTL; 0 or None: none)."""
-        message = consumer.unacked.pop(message_id, None)
-        if message is None:
-            return False
-        queue = consumer.queue
-        old_seq = message.seq
-        message.seq = self._seq
-        self._seq += 1
-        message.retry += 1
-        if not self._within_retry_limit(queue, (message,)):
-            self._kick(queue)
-            return True
-        if ttl is not KEEP:
-            message.expires_at = self.clock.seconds() + ttl if ttl else None
-        queue.rejected += 1
-        queue.ready.append(message)
-        if message.expires_at is not None:
-            queue.ttl_ready += 1
-            heapq.heappush(self._expiry, (message.expires_at, queue.name))
-        self._op((REQUEUE, message, old_seq))
-        self._kick(queue)
-        return True
-
-    def _within_retry_limit(self, queue: Queue, messages: Iterable[Message]) -> list[Message]:
-        """Dead-letter messages redelivered more often than their ``x-max-retries`` allows."""
-        keep = []
-        for message in messages:
-            headers = message.headers
-            limit = headers.get(MAX_RETRIES) if headers else None
-            if limit is not None and message.retry > int(limit):
-                self._discard(queue, message, b"retries")
-            else:
-                keep.append(message)
-        return keep
-
-    def reject_all(self, consumer: Consumer) -> int:
-        ids = list(consumer.unacked)
-        for message_id in ids:
-            self.reject(consumer, message_id)
-        return len(ids)
-
-    def dead_letter(self, consumer: Consumer, message_id: bytes, reason: bytes) -> bool:
-        message = consumer.unacked.pop(message_id, None)
-        if message is None:
-            return False
-        self._discard(consumer.queue, message, reason)
-        if consumer.window is not None:
-            self._kick(consumer.queue)
-        return True
-
-    def _discard(self, queue: Queue, message: Message, reason: bytes) -> None:
-        """Remove a message for good: to the dead-letter target if there is one."""
-        self._op((REMOVE, queue.name, message.seq))
-        target = queue.options.dead_letter
-        if reason == b"expired":
-            queue.expired += 1
-        else:
-            queue.dead_lettered += 1
-        if target is None or target == queue.name:
-            return
-        target_queue = self.queues.get(target) or self.declare_queue(target)
-        headers = dict(message.headers or {})
-        headers["x-dead-letter-reason"] = reason.decode("ascii", "replace")
-        headers["x-dead-letter-queue"] = queue.name.decode("utf-8", "replace")
-        copy = message.copy_to(target, self._seq)
-        self._seq += 1
-        copy.headers = headers
-        copy.expires_at = None
-        self._append(target_queue, copy)
-        target_queue.enqueued += 1
-
     # -- dispatch -----------------------------------------------------------
 
     def _kick(self, queue: Queue) -> None:
@@ -538,36 +316,6 @@ class Broker:
     def count_delivered(self, queue: Queue, sent: int) -> None:
         queue.delivered += sent
         self.delivered += sent
-
-    # -- timers -------------------------------------------------------------
-
-    def expire_due(self) -> int:
-        """Remove ready messages whose TTL has passed; returns how many."""
-        now = self.clock.seconds()
-        heap = self._expiry
-        due: set[bytes] = set()
-        while heap and heap[0][0] <= now:
-            due.add(heapq.heappop(heap)[1])
-        removed = 0
-        for name in due:
-            queue = self.queues.get(name)
-            if queue is None or not queue.ttl_ready:
-                continue
-            keep = []
-            expired = []
-            for message in queue.ready:
-                if message.expires_at is not None and message.expires_at <= now:
-                    expired.append(message)
-                else:
-                    keep.append(message)
-            if expired:
-                queue.ready.clear()
-                queue.ready.extend(keep)
-                queue.ttl_ready -= len(expired)
-                for message in expired:
-                    self._discard(queue, message, b"expired")
-                removed += len(expired)
-        return removed
 
     # -- stats --------------------------------------------------------------
 

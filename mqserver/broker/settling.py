@@ -1,0 +1,165 @@
+# -*- test-case-name: tests.unit.test_broker -*-
+"""Settling deliveries: ack, reject, dead-letter, and TTL expiry.
+
+A mixin of ``Broker``: split out to keep each module readable; it uses the
+broker's queues, seq counter, op writer and dispatch kick.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from mqserver.model import (
+    REMOVE,
+    REQUEUE,
+    Message,
+)
+
+if TYPE_CHECKING:
+    from mqserver.broker.queue import Consumer, Queue
+
+MAX_RETRIES = "x-max-retries"
+"""Message header: redeliveries allowed before the message is dead-lettered."""
+
+KEEP: Any = object()
+"""Marker for 'leave this setting as it is'."""
+
+
+class Settling:
+    queues: dict[bytes, Queue]
+    clock: Any
+    _seq: int
+    _expiry: list[tuple[float, bytes]]
+
+    # -- settling -----------------------------------------------------------
+
+    def ack(self, consumer: Consumer, message_id: bytes) -> bool:
+        message = consumer.unacked.pop(message_id, None)
+        if message is None:
+            return False
+        queue = consumer.queue
+        consumer.acked += 1
+        queue.acked += 1
+        self._op((REMOVE, queue.name, message.seq))
+        self._kick(queue)
+        return True
+
+    def ack_any(self, queue_name: bytes, message_id: bytes) -> bool:
+        """Ack a delivery of ``queue_name`` whichever consumer holds it (PHPMQ 004)."""
+        queue = self.queues.get(queue_name)
+        if queue is None:
+            return False
+        for consumer in queue.consumers:
+            if message_id in consumer.unacked:
+                return self.ack(consumer, message_id)
+        return False
+
+    def ack_all(self, consumer: Consumer) -> int:
+        ids = list(consumer.unacked)
+        for message_id in ids:
+            self.ack(consumer, message_id)
+        return len(ids)
+
+    def reject(self, consumer: Consumer, message_id: bytes, ttl: float | None = KEEP) -> bool:
+        """Back to the tail with retry + 1 (and, if given, a new TTL; 0 or None: none)."""
+        message = consumer.unacked.pop(message_id, None)
+        if message is None:
+            return False
+        queue = consumer.queue
+        old_seq = message.seq
+        message.seq = self._seq
+        self._seq += 1
+        message.retry += 1
+        if not self._within_retry_limit(queue, (message,)):
+            self._kick(queue)
+            return True
+        if ttl is not KEEP:
+            message.expires_at = self.clock.seconds() + ttl if ttl else None
+        queue.rejected += 1
+        queue.ready.append(message)
+        if message.expires_at is not None:
+            queue.ttl_ready += 1
+            heapq.heappush(self._expiry, (message.expires_at, queue.name))
+        self._op((REQUEUE, message, old_seq))
+        self._kick(queue)
+        return True
+
+    def _within_retry_limit(self, queue: Queue, messages: Iterable[Message]) -> list[Message]:
+        """Dead-letter messages redelivered more often than their ``x-max-retries`` allows."""
+        keep = []
+        for message in messages:
+            headers = message.headers
+            limit = headers.get(MAX_RETRIES) if headers else None
+            if limit is not None and message.retry > int(limit):
+                self._discard(queue, message, b"retries")
+            else:
+                keep.append(message)
+        return keep
+
+    def reject_all(self, consumer: Consumer) -> int:
+        ids = list(consumer.unacked)
+        for message_id in ids:
+            self.reject(consumer, message_id)
+        return len(ids)
+
+    def dead_letter(self, consumer: Consumer, message_id: bytes, reason: bytes) -> bool:
+        message = consumer.unacked.pop(message_id, None)
+        if message is None:
+            return False
+        self._discard(consumer.queue, message, reason)
+        if consumer.window is not None:
+            self._kick(consumer.queue)
+        return True
+
+    def _discard(self, queue: Queue, message: Message, reason: bytes) -> None:
+        """Remove a message for good: to the dead-letter target if there is one."""
+        self._op((REMOVE, queue.name, message.seq))
+        target = queue.options.dead_letter
+        if reason == b"expired":
+            queue.expired += 1
+        else:
+            queue.dead_lettered += 1
+        if target is None or target == queue.name:
+            return
+        target_queue = self.queues.get(target) or self.declare_queue(target)
+        headers = dict(message.headers or {})
+        headers["x-dead-letter-reason"] = reason.decode("ascii", "replace")
+        headers["x-dead-letter-queue"] = queue.name.decode("utf-8", "replace")
+        copy = message.copy_to(target, self._seq)
+        self._seq += 1
+        copy.headers = headers
+        copy.expires_at = None
+        self._append(target_queue, copy)
+        target_queue.enqueued += 1
+
+    # -- timers -------------------------------------------------------------
+
+    def expire_due(self) -> int:
+        """Remove ready messages whose TTL has passed; returns how many."""
+        now = self.clock.seconds()
+        heap = self._expiry
+        due: set[bytes] = set()
+        while heap and heap[0][0] <= now:
+            due.add(heapq.heappop(heap)[1])
+        removed = 0
+        for name in due:
+            queue = self.queues.get(name)
+            if queue is None or not queue.ttl_ready:
+                continue
+            keep = []
+            expired = []
+            for message in queue.ready:
+                if message.expires_at is not None and message.expires_at <= now:
+                    expired.append(message)
+                else:
+                    keep.append(message)
+            if expired:
+                queue.ready.clear()
+                queue.ready.extend(keep)
+                queue.ttl_ready -= len(expired)
+                for message in expired:
+                    self._discard(queue, message, b"expired")
+                removed += len(expired)
+        return removed
