@@ -14,6 +14,7 @@ from twisted.logger import Logger
 
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService
 from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
 
@@ -101,9 +102,9 @@ def schedulers(service: EMQPService) -> dict[str, Any]:
     }
 
 
-class AdminHandler:
+class AdminHandler(EndpointHandler):
     def __init__(self, service: EMQPService) -> None:
-        self.service = service
+        super().__init__(service)
         self._views = {
             codec.STATUS: status,
             codec.SHOW_WORKERS: workers,
@@ -111,18 +112,6 @@ class AdminHandler:
         }
 
     # RouterHandler
-    def router_started(self, router: ZMTPRouterFactory) -> None:
-        self.service.start()
-
-    def router_stopped(self, router: ZMTPRouterFactory) -> None:
-        self.service.stop()
-
-    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        pass
-
-    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        pass
-
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:

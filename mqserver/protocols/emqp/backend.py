@@ -13,15 +13,16 @@ from twisted.logger import Logger
 
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Worker
 from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
 
 log = Logger()
 
 
-class BackendHandler:
+class BackendHandler(EndpointHandler):
     def __init__(self, service: EMQPService) -> None:
-        self.service = service
+        super().__init__(service)
         self._commands = {
             codec.READY: self._ready,
             codec.REPLY: self._reply,
@@ -32,18 +33,6 @@ class BackendHandler:
         }
 
     # RouterHandler
-    def router_started(self, router: ZMTPRouterFactory) -> None:
-        self.service.start()
-
-    def router_stopped(self, router: ZMTPRouterFactory) -> None:
-        self.service.stop()
-
-    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        pass
-
-    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        """Kept until its heartbeats stop: libzmq reconnects with the same identity."""
-
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:

@@ -15,15 +15,16 @@ from twisted.logger import Logger
 
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Peer
 from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
 
 log = Logger()
 
 
-class FrontendHandler:
+class FrontendHandler(EndpointHandler):
     def __init__(self, service: EMQPService) -> None:
-        self.service = service
+        super().__init__(service)
         self._commands = {
             codec.REQUEST: self._request,
             codec.SCHEDULE: self._schedule,
@@ -39,18 +40,6 @@ class FrontendHandler:
         }
 
     # RouterHandler
-    def router_started(self, router: ZMTPRouterFactory) -> None:
-        self.service.start()
-
-    def router_stopped(self, router: ZMTPRouterFactory) -> None:
-        self.service.stop()
-
-    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        pass
-
-    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
-        pass
-
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:

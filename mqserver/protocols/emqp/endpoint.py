@@ -1,0 +1,35 @@
+# -*- test-case-name: tests.unit.test_emqp_protocol -*-
+"""What the frontend, backend and admin handlers share.
+
+All three sockets belong to one ``EMQPService``: the first to start starts
+its timers and the last to stop stops them (the service counts), and a peer
+is only known once it speaks, so connects and disconnects need no action
+unless a handler says otherwise.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from mqserver.protocols.emqp.service import EMQPService
+    from mqserver.zmtp.router import ZMTPRouterFactory
+
+
+class EndpointHandler:
+    """Base of the three ``RouterHandler``s of an ``EMQPService``."""
+
+    def __init__(self, service: EMQPService) -> None:
+        self.service = service
+
+    def router_started(self, router: ZMTPRouterFactory) -> None:
+        self.service.start()
+
+    def router_stopped(self, router: ZMTPRouterFactory) -> None:
+        self.service.stop()
+
+    def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        """A peer is registered by what it sends (INFORM, REQUEST), not by connecting."""
+
+    def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None:
+        """Kept until its heartbeats stop: libzmq reconnects with the same identity."""
