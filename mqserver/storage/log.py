@@ -162,6 +162,15 @@ class LogStore(Compaction):
         self._thread.stop()
         return failure
 
+    def metrics(self) -> dict[str, float]:
+        """Published by ``/health`` and ``/metrics`` (as ``mqserver_store_*``)."""
+        files = self._files
+        return {
+            "fsyncs_total": files.fsyncs,
+            "fsync_seconds_total": files.fsync_seconds,
+            "last_fsync_seconds": files.last_fsync_seconds,
+        }
+
     @inlineCallbacks
     def close(self) -> Any:
         if not self._thread.running:

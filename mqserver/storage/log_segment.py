@@ -15,6 +15,7 @@ import fcntl
 import mmap
 import os
 import re
+import time
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,10 @@ class SegmentFiles:
         self._lock_fd: int | None = None
         self._active_fd: int | None = None
         self.active: int | None = None
-        self.fsyncs = 0  # file fsyncs of the active segment, for tests and stats
+        # file fsyncs and the time they took, for tests and /metrics
+        self.fsyncs = 0
+        self.fsync_seconds = 0.0
+        self.last_fsync_seconds = 0.0
 
     def path(self, number: int) -> Path:
         return self.directory / segment_name(number)
@@ -134,7 +138,10 @@ class SegmentFiles:
             view = view[written:]
 
     def _fsync(self, fd: int) -> None:
+        started = time.perf_counter()
         os.fsync(fd)
+        self.last_fsync_seconds = time.perf_counter() - started
+        self.fsync_seconds += self.last_fsync_seconds
         self.fsyncs += 1
 
     def _fsync_dir(self) -> None:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
@@ -184,6 +185,9 @@ class SQLiteStore:
         self._db: Database | None = None  # used in the store thread only
         self.is_open = False
         self.transactions = 0  # committed apply batches, for tests and stats
+        # COMMIT time (the WAL fsync with synchronous=FULL), for /metrics
+        self.commit_seconds = 0.0
+        self.last_commit_seconds = 0.0
         self.last_batch_ops = 0
 
     # -- reactor side -------------------------------------------------------
@@ -219,6 +223,14 @@ class SQLiteStore:
 
     def _committed(self, _: None) -> None:
         self.transactions += 1
+
+    def metrics(self) -> dict[str, float]:
+        """Published by ``/health`` and ``/metrics`` (as ``mqserver_store_*``)."""
+        return {
+            "commits_total": self.transactions,
+            "commit_seconds_total": self.commit_seconds,
+            "last_commit_seconds": self.last_commit_seconds,
+        }
 
     def close(self) -> Deferred[None]:
         self.is_open = False
@@ -344,7 +356,10 @@ class SQLiteStore:
                 conn.executemany(sql, rows)
             if next_seq:
                 conn.execute(_NEXT_SEQ, (next_seq,))
+            started = time.perf_counter()
             conn.execute("COMMIT")
+            self.last_commit_seconds = time.perf_counter() - started
+            self.commit_seconds += self.last_commit_seconds
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

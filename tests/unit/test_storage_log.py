@@ -433,3 +433,14 @@ def test_dead_segments_of_earlier_runs_are_deleted_at_open(tmp_path: Path) -> An
     assert len(segments(tmp_path)) <= 2  # the one with the live DECLARE, the new one
     assert recovered.next_seq == 6
     yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_fsync_time_is_published_for_metrics(tmp_path):
+    store = LogStore(tmp_path / "log", fsync="always")
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions())])
+    metrics = store.metrics()
+    yield store.close()
+    assert metrics["fsyncs_total"] >= 1
+    assert metrics["fsync_seconds_total"] >= metrics["last_fsync_seconds"] > 0

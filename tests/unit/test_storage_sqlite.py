@@ -189,3 +189,14 @@ def test_a_failing_batch_is_rolled_back_whole(tmp_path: Path) -> Any:
     yield store.apply([(ENQUEUE, message(4))])  # the store goes on
     recovered = yield _reopened(store)
     assert [m.seq for m in recovered.queues[b"q"].messages] == [1, 4]
+
+
+@pytest_twisted.inlineCallbacks
+def test_commit_time_is_published_for_metrics(tmp_path):
+    store = SQLiteStore(tmp_path / "db.sqlite3")
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions())])
+    metrics = store.metrics()
+    yield store.close()
+    assert metrics["commits_total"] == 1
+    assert metrics["commit_seconds_total"] >= metrics["last_commit_seconds"] > 0
