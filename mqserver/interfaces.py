@@ -127,7 +127,7 @@ class IClientConnection(Interface):
     drop its client.  The broker core never calls it; only the HTTP API does.
     """
 
-    def close(self):
+    def close(reason):
         """Drop the client.  The connection's consumers are cancelled and their
         unacked messages requeued when it is gone, as on any disconnect.
 

@@ -302,6 +302,19 @@ def test_a_vanished_worker_is_rerouted_without_using_a_retry(h):
     assert h.broker.queues[b"default"].consumers[0].unacked[b"r1"].retry == 0
 
 
+def test_an_operator_closing_a_worker_requeues_its_work_and_drops_it(h):
+    worker = h.worker(b"w1", ready=1)
+    request(h.client(), b"r1", headers=b"guarantee")
+    assert [m[3] for m in worker.recv()] == [b"r1"]
+    registered = h.service.workers[b"w1"]
+    registered.close("maintenance")
+    assert b"w1" not in h.service.workers
+    assert worker.transport.disconnecting
+    assert [m.id for m in h.broker.queues[b"default"].ready] == [b"r1"]
+    other = h.worker(b"w2", ready=1)
+    assert [m[3] for m in other.recv()] == [b"r1"]
+
+
 # -- heartbeats --------------------------------------------------------------
 
 

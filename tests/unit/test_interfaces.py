@@ -66,6 +66,7 @@ IMPLEMENTATIONS = [
     (IDeliverySink, _phpmq_protocol),
     (IPushProducer, _phpmq_protocol),
     (IDeliverySink, _emqp_worker),
+    (IClientConnection, _emqp_worker),
     (IDeliverySink, RecordingSink),
     (IClientConnection, _mqks_protocol),
     (IClientConnection, _phpmq_protocol),

@@ -15,7 +15,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from mqserver.broker.queue import Consumer, Slots
-from mqserver.interfaces import IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink
 from mqserver.model import Message
 from mqserver.zmtp.router import describe
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 log = Logger()
 
 
-@implementer(IDeliverySink)
+@implementer(IDeliverySink, IClientConnection)
 class Worker:
     """One worker (an eventmq job manager): its queues, slots and in-flight timers."""
 
@@ -53,6 +53,20 @@ class Worker:
                 "emqp: queue {queue!r} of worker {worker} was deleted",
                 queue=consumer.queue.name, worker=describe(self.identity),
             )
+
+    def close(self, reason: str) -> None:
+        """IClientConnection: an operator drops this worker (HTTP API).
+
+        Its requests go back to their queues at once (a real failure: each
+        counts against its ``retry-count``), and its ZMTP connection is
+        dropped; if the job manager reconnects it must INFORM again.
+        """
+        log.info("emqp: worker {worker} closed by the server: {reason}",
+                 worker=describe(self.identity), reason=reason)
+        self.service.remove_worker(self, f"closed by the server: {reason}")
+        connection = self.service.backend.peers.get(self.identity)
+        if connection is not None:
+            connection.close()
 
     def in_flight(self) -> int:
         return sum(len(c.unacked) for c in self.connection.consumers.values())
