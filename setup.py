@@ -5,13 +5,25 @@ Packages are listed explicitly: ``find_packages`` would miss
 ``twistd`` cannot find the ``mqserver`` plugin.
 """
 
+import re
 from pathlib import Path
 
 from setuptools import setup
 
+
+def _version() -> str:
+    """The one version, ``mqserver.__version__``, read without importing the
+    package (its import pulls in Twisted, which a build environment lacks)."""
+    text = Path(__file__).with_name("mqserver").joinpath("__init__.py").read_text("utf-8")
+    match = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    if match is None:
+        raise RuntimeError("no __version__ in mqserver/__init__.py")
+    return match.group(1)
+
+
 setup(
     name="mqserver",
-    version="0.1.0",
+    version=_version(),
     description="A Twisted message broker speaking MQKS, PHPMQ and eMQP over one queue core",
     long_description=Path(__file__).with_name("README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
@@ -50,6 +62,12 @@ setup(
             "setuptools>=68",
             "wheel",
             "tox>=4",
+            "build>=1",
+        ],
+        # the Sphinx site in docs/ (`make docs`); the test suite builds it too
+        "docs": [
+            "sphinx>=7",
+            "myst-parser>=2",
         ],
     },
     classifiers=[

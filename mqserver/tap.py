@@ -101,6 +101,18 @@ class Options(usage.Options):
 
     opt_p = opt_protocol
 
+    def opt_version(self) -> None:
+        """Print mqserver's and Twisted's versions and exit."""
+        # overrides usage.Options, which prints only Twisted's: a bug report
+        # needs the broker's own version first
+        import sys
+
+        from mqserver import __version__
+        from twisted import copyright
+
+        print(f"mqserver {__version__} (Twisted {copyright.version})")
+        sys.exit(0)
+
     def postOptions(self) -> None:
         if self["storage"] not in _STORAGE:
             raise usage.UsageError(

@@ -169,3 +169,31 @@ def line_client() -> Iterator:
     yield make
     for client in clients:
         client.close()
+
+
+@pytest.fixture
+def run_client() -> Iterator:
+    """Run a script from contrib/clients/ to completion: (exit status, its output).
+
+    Scripts run as users run them (a subprocess with argv), so what the docs
+    tell users to type is what is tested."""
+    clients = Path(__file__).resolve().parents[2] / "contrib" / "clients"
+    started: list[subprocess.Popen] = []
+
+    def run(command: str, script: str, *args: str, timeout: float = 60,
+            wait: bool = True) -> tuple[int, str] | subprocess.Popen:
+        process = subprocess.Popen(
+            [command, str(clients / script), *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )
+        started.append(process)
+        if not wait:
+            return process
+        output, _ = process.communicate(timeout=timeout)
+        return process.returncode, output
+
+    yield run
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
