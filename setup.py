@@ -39,6 +39,7 @@ setup(
         "mqserver.protocols.emqp",
         "mqserver.zmtp",
         "mqserver.web",
+        "mqserver.journal",
         "twisted.plugins",
     ],
     install_requires=[

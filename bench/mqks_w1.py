@@ -1,10 +1,14 @@
 """W1 over MQKS: publish N messages pipelined, then drain and ack them all.
 
     python -m bench.mqks_w1 [--messages N] [--size S] [--rounds R] [--storage NAME]
+                            [--journal DIR] [--compare-journal]
 
 Starts ``twistd -n mqserver`` on an ephemeral port, uses lean raw-socket
 clients (pre-encoded lines, one recv per chunk), prints msgs/s for produce,
 drain and total, the median of the rounds, and the client's CPU time.
+``--journal DIR`` runs the server with the event journal on;
+``--compare-journal`` runs without and then with it (in a temporary
+directory) and prints the ratio.
 """
 
 from __future__ import annotations
@@ -23,11 +27,14 @@ import time
 LISTENING = re.compile(r"mqks listening on [\d.]+:(\d+)")
 
 
-def start_server(storage: str, workdir: str) -> tuple[subprocess.Popen, int]:
+def start_server(
+    storage: str, workdir: str, journal: str | None = None
+) -> tuple[subprocess.Popen, int]:
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    extra = [f"--journal={journal}"] if journal else []
     process = subprocess.Popen(
         [twistd, "-n", "--pidfile=", "mqserver", "--protocol=mqks:tcp:0:interface=127.0.0.1",
-         f"--storage={storage}", f"--data-dir={workdir}/data"],
+         f"--storage={storage}", f"--data-dir={workdir}/data", "--no-http", *extra],
         cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     assert process.stdout is not None
@@ -78,9 +85,23 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=100)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--storage", default="memory")
+    parser.add_argument("--journal", default=None, help="journal directory (journal on)")
+    parser.add_argument("--compare-journal", action="store_true",
+                        help="run without, then with a journal, and print the ratio")
     args = parser.parse_args()
+    if args.compare_journal:
+        with tempfile.TemporaryDirectory() as journal:
+            off = run(args, None)
+            on = run(args, journal)
+        print(f"journal on / off (total): {100 * on / off:.1f}%")
+    else:
+        run(args, args.journal)
+
+
+def run(args: argparse.Namespace, journal: str | None) -> float:
+    """One benchmark (a fresh server, ``rounds`` rounds); returns total msgs/s."""
     with tempfile.TemporaryDirectory() as workdir:
-        process, port = start_server(args.storage, workdir)
+        process, port = start_server(args.storage, workdir, journal)
         try:
             results = []
             cpu0 = resource.getrusage(resource.RUSAGE_SELF)
@@ -95,9 +116,11 @@ def main() -> None:
     total = statistics.median(args.messages / (p + d) for p, d in results)
     cpu = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     wall = sum(p + d for p, d in results)
-    print(f"W1 mqks storage={args.storage} N={args.messages} S={args.size} rounds={args.rounds}")
+    print(f"W1 mqks storage={args.storage} N={args.messages} S={args.size} rounds={args.rounds}"
+          f" journal={'on' if journal else 'off'}")
     print(f"produce {produce:,.0f} msgs/s  drain {drain:,.0f} msgs/s  total {total:,.0f} msgs/s")
     print(f"client CPU {cpu:.2f} s over {wall:.2f} s wall ({100 * cpu / wall:.0f}%)")
+    return total
 
 
 if __name__ == "__main__":

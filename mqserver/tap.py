@@ -77,11 +77,21 @@ class Options(usage.Options):
         ["http-token-file", None, None, "Read the HTTP bearer token from this file."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
+        ["journal", None, None,
+         "Write a journal of broker events (JSON lines) under this directory; off by "
+         "default.  See docs/analytics.md."],
+        ["journal-node", None, None, "Node name in journal records (default: the host name)."],
+        ["journal-segment-bytes", None, 64 * 1024 * 1024,
+         "Seal a journal segment once it holds this many bytes.", int],
+        ["journal-segment-seconds", None, 300.0,
+         "Seal a journal segment once it is this many seconds old.", float],
         *_plugin_options(_PROTOCOLS, _STORAGE),
     ]
     optFlags = [
         ["no-gc-tuning", None, "Do not freeze start-up objects or raise the GC threshold."],
         ["no-http", None, "Do not serve the HTTP API, metrics and dashboard."],
+        ["journal-bodies", None, "Also journal message bodies (base64) and so allow an archive "
+         "with bodies."],
     ]
 
     def __init__(self) -> None:
@@ -190,6 +200,20 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     service = BrokerService(
         broker, ttl_interval=config["ttl-interval"], tune_gc=not config["no-gc-tuning"]
     )
+    if config["journal"]:
+        from mqserver.journal.writer import Journal
+
+        # the first child: started once storage is loaded, stopped (flushed and
+        # sealed) after every listener
+        journal = Journal(
+            config["journal"], reactor, node=config["journal-node"],
+            bodies=bool(config["journal-bodies"]),
+            segment_bytes=config["journal-segment-bytes"],
+            segment_seconds=config["journal-segment-seconds"],
+            process_reactor=reactor,
+        )
+        journal.setServiceParent(service)
+        broker.journal = journal
     extras_started: set[str] = set()
     for name, description in config["protocols"]:
         factory = _PROTOCOLS[name].build_factory(broker, config)

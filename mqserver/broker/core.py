@@ -26,6 +26,15 @@ from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
 from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
+from mqserver.journal.schema import (
+    CONNECTION_CLOSED,
+    CONNECTION_OPENED,
+    CONSUMER_CLOSED,
+    CONSUMER_OPENED,
+    PUBLISHED,
+    REASON_CONSUMER_GONE,
+    REQUEUED,
+)
 from mqserver.model import (
     DELETE,
     ENQUEUE,
@@ -53,6 +62,9 @@ class Broker(Topology, Settling):
         self.bindings = BindingIndex()
         self.connections: dict[int, Connection] = {}
         self.writer = StoreWriter(store, clock) if store.durable else None
+        # the event journal (mqserver.journal.writer.Journal) or None: each
+        # event point appends one small tuple, captured at that moment
+        self.journal: Any = None
         self._next_connection = 1
         self._seq = 1
         self._dirty: dict[bytes, Queue] = {}
@@ -108,12 +120,19 @@ class Broker(Topology, Settling):
         )
         self._next_connection += 1
         self.connections[connection.id] = connection
+        if self.journal is not None:
+            self.journal.append((CONNECTION_OPENED, connection.opened_at, None, None, None, 0,
+                                 None, connection.id, protocol, None, None, None, None, None))
         return connection
 
     def connection_closed(self, connection: Connection) -> None:
         for consumer in list(connection.consumers.values()):
             self.cancel(consumer)
         self.connections.pop(connection.id, None)
+        if self.journal is not None:
+            self.journal.append((CONNECTION_CLOSED, self.clock.seconds(), None, None, None, 0,
+                                 None, connection.id, connection.protocol, None, None, None, None,
+                                 None))
 
     def pause(self, connection: Connection) -> None:
         """The client's transport is full: stop delivering to it."""
@@ -185,6 +204,10 @@ class Broker(Topology, Settling):
             message_id, queue.name, body, self._seq, event, headers, now, expires_at, 0, source
         )
         self._seq += 1
+        if self.journal is not None:
+            journal = self.journal
+            journal.append((PUBLISHED, now, queue.name, message_id, now, 0, None, None, source,
+                            len(body), expires_at, None, headers, journal.bodies and body))
         self._append(queue, message)
         self.queued += 1
         queue.enqueued += 1
@@ -239,6 +262,10 @@ class Broker(Topology, Settling):
             slots.consumers.append(consumer)
         queue.consumers.append(consumer)
         connection.consumers[consumer_id] = consumer
+        if self.journal is not None:
+            self.journal.append((CONSUMER_OPENED, self.clock.seconds(), queue.name, None, None, 0,
+                                 consumer_id, connection.id, connection.protocol, None, None, None,
+                                 None, None))
         self._kick(queue)
         return consumer
 
@@ -269,6 +296,8 @@ class Broker(Topology, Settling):
             queue.rr -= 1
         unacked = list(consumer.unacked.values())
         consumer.unacked.clear()
+        if self.journal is not None:
+            self._journal_cancel(consumer, unacked, requeue)
         if requeue and unacked:
             for message in unacked:
                 message.retry += 1
@@ -282,6 +311,20 @@ class Broker(Topology, Settling):
                 self._op((REMOVE, queue.name, message.seq))
         if not consumers and not queue.deleted:
             self._unused(queue)
+
+    def _journal_cancel(self, consumer: Consumer, unacked: list[Message], requeue: bool) -> None:
+        now = self.clock.seconds()
+        append = self.journal.append
+        name = consumer.queue.name
+        connection = consumer.connection
+        if requeue:
+            for message in unacked:
+                # retry + 1 happens just after: these are the deliveries so far
+                append((REQUEUED, now, name, message.id, message.created_at, message.retry + 1,
+                        consumer.id, connection.id, connection.protocol, len(message.body),
+                        message.expires_at, REASON_CONSUMER_GONE, None, None))
+        append((CONSUMER_CLOSED, now, name, None, None, 0, consumer.id, connection.id,
+                connection.protocol, None, None, None, None, None))
 
     # -- dispatch -----------------------------------------------------------
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mqserver.journal import schema as journal_schema
 from mqserver.model import REMOVE, Message
 
 if TYPE_CHECKING:
@@ -48,6 +49,16 @@ def hand_over(
     if slots is not None:
         slots.free -= 1
     consumer.delivered += 1
+    journal = broker.journal
+    if journal is not None:
+        connection = consumer.connection
+        event = (journal_schema.DELIVERED, now, queue.name, message.id, message.created_at,
+                 message.retry + 1, consumer.id, connection.id, connection.protocol,
+                 len(message.body), message.expires_at, None, None, None)
+        journal.append(event)
+        if not consumer.manual_ack:
+            journal.append((journal_schema.ACKED, *event[1:11], journal_schema.REASON_AUTO_ACK,
+                            None, None))
     consumer.sink.deliver(consumer, message)
     return DELIVERED
 

@@ -11,6 +11,14 @@ import heapq
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from mqserver.journal.schema import (
+    ACKED,
+    DEAD_LETTERED,
+    EXPIRED,
+    PUBLISHED,
+    REASON_REJECTED,
+    REQUEUED,
+)
 from mqserver.model import (
     REMOVE,
     REQUEUE,
@@ -32,6 +40,7 @@ class Settling:
     clock: Any
     _seq: int
     _expiry: list[tuple[float, bytes]]
+    journal: Any
 
     # -- settling -----------------------------------------------------------
 
@@ -42,6 +51,12 @@ class Settling:
         queue = consumer.queue
         consumer.acked += 1
         queue.acked += 1
+        if self.journal is not None:
+            connection = consumer.connection
+            self.journal.append((ACKED, self.clock.seconds(), queue.name, message.id,
+                                 message.created_at, message.retry + 1, consumer.id, connection.id,
+                                 connection.protocol, len(message.body), message.expires_at, None,
+                                 None, None))
         self._op((REMOVE, queue.name, message.seq))
         self._kick(queue)
         return True
@@ -78,6 +93,12 @@ class Settling:
         if ttl is not KEEP:
             message.expires_at = self.clock.seconds() + ttl if ttl else None
         queue.rejected += 1
+        if self.journal is not None:
+            connection = consumer.connection
+            self.journal.append((REQUEUED, self.clock.seconds(), queue.name, message.id,
+                                 message.created_at, message.retry, consumer.id, connection.id,
+                                 connection.protocol, len(message.body), message.expires_at,
+                                 REASON_REJECTED, None, None))
         queue.ready.append(message)
         if message.expires_at is not None:
             queue.ttl_ready += 1
@@ -108,19 +129,32 @@ class Settling:
         message = consumer.unacked.pop(message_id, None)
         if message is None:
             return False
-        self._discard(consumer.queue, message, reason)
+        self._discard(consumer.queue, message, reason, in_flight=True)
         if consumer.window is not None:
             self._kick(consumer.queue)
         return True
 
-    def _discard(self, queue: Queue, message: Message, reason: bytes) -> None:
-        """Remove a message for good: to the dead-letter target if there is one."""
+    def _discard(
+        self, queue: Queue, message: Message, reason: bytes, in_flight: bool = False
+    ) -> None:
+        """Remove a message for good: to the dead-letter target if there is one.
+
+        ``in_flight``: it was delivered and not returned, so the journal's
+        delivery count is one more than its retries.
+        """
         self._op((REMOVE, queue.name, message.seq))
         target = queue.options.dead_letter
         if reason == b"expired":
             queue.expired += 1
         else:
             queue.dead_lettered += 1
+        journal = self.journal
+        if journal is not None:
+            now = self.clock.seconds()
+            journal.append((EXPIRED if reason == b"expired" else DEAD_LETTERED, now, queue.name,
+                            message.id, message.created_at, message.retry + in_flight, None, None,
+                            message.source, len(message.body), message.expires_at, reason, None,
+                            None))
         if target is None or target == queue.name:
             return
         target_queue = self.queues.get(target) or self.declare_queue(target)
@@ -131,6 +165,10 @@ class Settling:
         self._seq += 1
         copy.headers = headers
         copy.expires_at = None
+        if journal is not None:
+            journal.append((PUBLISHED, now, target, copy.id, copy.created_at, 0, None, None,
+                            copy.source, len(copy.body), None, reason, headers,
+                            journal.bodies and copy.body))
         self._append(target_queue, copy)
         target_queue.enqueued += 1
 

@@ -1,0 +1,135 @@
+"""Turning captured journal events into JSON lines, one batch at a time.
+
+The broker only appends small tuples of plain values (``Event``); everything
+costly happens here, once per batch and normally in the journal's own
+process: no ``json.dumps`` per record, a per-second cache of ISO timestamp
+prefixes, constant fields encoded once, and a cache of encoded names.
+"""
+
+from __future__ import annotations
+
+import base64
+import time
+from collections.abc import Iterable
+from json.encoder import encode_basestring_ascii as quote
+from typing import Any
+
+from mqserver.journal.schema import VERSION
+
+Event = tuple[Any, ...]
+"""``(event, ts, queue, message_id, publish_ts, delivery_count, consumer,
+connection, protocol, size, expires_at, reason, headers, body)``.
+
+Plain values only (bytes, str, int, float, None, a str->str dict), captured
+when the event happened: they cross to the journal process with ``marshal``.
+"""
+
+EVENT_WIDTH = 14
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+class Encoder:
+    """Assigns ``seq`` and renders events as JSON lines, grouped by UTC date."""
+
+    def __init__(self, node: str, bodies: bool = False, next_seq: int = 1) -> None:
+        self.bodies = bodies
+        self.next_seq = next_seq
+        self._head = f'{{"v":{VERSION},"node":{quote(node)},"seq":'
+        self._prefixes: dict[int, str] = {}
+        self._names: dict[Any, str] = {}
+
+    def _iso(self, ts: float) -> str:
+        second = int(ts)
+        prefix = self._prefixes.get(second)
+        if prefix is None:
+            if len(self._prefixes) > 4096:
+                self._prefixes.clear()
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._prefixes[second] = prefix
+        return f"{prefix}.{int((ts - second) * 1_000_000):06d}Z"
+
+    def _name(self, name: bytes | str) -> str:
+        """JSON string of a queue name or protocol, cached: there are few of them."""
+        encoded = self._names.get(name)
+        if encoded is None:
+            if len(self._names) > 100_000:
+                self._names.clear()
+            encoded = self._names[name] = quote(_text(name))
+        return encoded
+
+    def _consumer(self, connection: int, consumer: bytes) -> str:
+        key = (connection, consumer)
+        encoded = self._names.get(key)
+        if encoded is None:
+            encoded = self._names[key] = (
+                f',"connection":{connection},"consumer":{quote(f"{connection}/{_text(consumer)}")}')
+        return encoded
+
+    def encode(self, events: Iterable[Event]) -> list[tuple[str, str, int, int]]:
+        """``(date, text, first_seq, count)`` chunks, one per UTC date in the batch.
+
+        The loop is written flat (locals, f-strings, caches) because it runs
+        for every record: about 1.5 us each instead of 4 with helper calls.
+        """
+        chunks: list[tuple[str, str, int, int]] = []
+        lines: list[str] = []
+        append = lines.append
+        date = "\0"  # matches no timestamp
+        first = seq = self.next_seq
+        head = self._head
+        bodies = self.bodies
+        names = self._names
+        name = self._name
+        prefixes = self._prefixes
+        iso = self._iso
+        for (event, ts, queue, message_id, publish_ts, count, consumer, connection,
+             protocol, size, expires_at, reason, headers, body) in events:
+            second = int(ts)
+            prefix = prefixes.get(second)
+            if prefix is None:
+                prefix = iso(ts)[:19]
+            if not prefix.startswith(date):
+                if lines:
+                    chunks.append((date, "".join(lines), first, seq - first))
+                    lines = []
+                    append = lines.append
+                date, first = prefix[:10], seq
+            micros = int((ts - second) * 1_000_000)
+            line = f'{head}{seq},"ts":"{prefix}.{micros:06d}Z","event":"{event}"'
+            seq += 1
+            if queue is not None:
+                line += f',"queue":{names.get(queue) or name(queue)}'
+            if protocol is not None:
+                line += f',"protocol":{names.get(protocol) or name(protocol)}'
+            if connection is not None:
+                if consumer is not None:
+                    key = (connection, consumer)
+                    line += names.get(key) or self._consumer(connection, consumer)
+                else:
+                    line += f',"connection":{connection}'
+            if message_id is not None:
+                published = int(publish_ts)
+                published_prefix = prefixes.get(published) or iso(publish_ts)[:19]
+                line += (
+                    f',"message_id":{quote(message_id.decode("utf-8", "replace"))}'
+                    f',"publish_ts":"{published_prefix}.'
+                    f'{int((publish_ts - published) * 1_000_000):06d}Z"'
+                    f',"delivery_count":{count},"size":{size}'
+                )
+                if expires_at is not None:
+                    line += f',"ttl_ms":{round((expires_at - publish_ts) * 1000)}'
+                if headers:
+                    line += ',"headers":{' + ",".join(
+                        f"{quote(str(k))}:{quote(str(v))}" for k, v in headers.items()) + "}"
+                if bodies and body:
+                    line += f',"body":"{base64.b64encode(body).decode("ascii")}"'
+            if reason is not None:
+                line += f',"reason":{quote(_text(reason))}'
+            append(line + "}\n")
+        if lines:
+            chunks.append((date, "".join(lines), first, seq - first))
+        self.next_seq = seq
+        return chunks

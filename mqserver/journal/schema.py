@@ -1,0 +1,85 @@
+"""The journal's record format, in one place for the server and the Spark pipeline.
+
+Pure Python on purpose: the broker imports it without pyspark, and the
+pipeline builds its Spark schema from the same list, so the two cannot drift.
+"""
+
+from __future__ import annotations
+
+VERSION = 1
+"""Value of every record's ``v`` field; bumped when a field changes meaning."""
+
+# Event names (the ``event`` field).
+PUBLISHED = "published"
+DELIVERED = "delivered"
+ACKED = "acked"
+REQUEUED = "requeued"
+DEAD_LETTERED = "dead_lettered"
+EXPIRED = "expired"
+CONSUMER_OPENED = "consumer_opened"
+CONSUMER_CLOSED = "consumer_closed"
+CONNECTION_OPENED = "connection_opened"
+CONNECTION_CLOSED = "connection_closed"
+
+MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)
+TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED)
+"""Events after which this copy of a message is gone from its queue."""
+
+# Reasons (the ``reason`` field) the broker writes itself.
+REASON_REJECTED = "rejected"
+REASON_CONSUMER_GONE = "consumer_gone"
+REASON_AUTO_ACK = "auto_ack"
+REASON_EXPIRED = "expired"
+
+FIELDS: tuple[tuple[str, str, str], ...] = (
+    ("v", "INT", "schema version"),
+    ("seq", "BIGINT", "per-node journal sequence, +1 per record, continues across restarts"),
+    ("node", "STRING", "broker node name (--journal-node, default the host name)"),
+    ("ts", "TIMESTAMP", "broker time of the event, ISO-8601 UTC with microseconds"),
+    ("event", "STRING", "one of the event names above"),
+    ("queue", "STRING", "queue name"),
+    ("protocol", "STRING", "protocol of the publisher (published) or of the consumer"),
+    ("message_id", "STRING", "message id as the client gave it (not unique across queues)"),
+    ("publish_ts", "TIMESTAMP", "when this copy entered its queue; latency needs no join"),
+    ("delivery_count", "INT",
+     "deliveries of this copy so far: delivered/acked count this one, others the earlier ones"),
+    ("consumer", "STRING", "consumer as '<connection>/<consumer id>'"),
+    ("connection", "BIGINT", "broker connection id"),
+    ("size", "INT", "body size in bytes"),
+    ("ttl_ms", "BIGINT", "time to live from publish_ts, when the message has one"),
+    ("reason", "STRING", "why: rejected, consumer_gone, auto_ack, expired, maxlen, retries, ..."),
+    ("headers", "MAP<STRING,STRING>", "message headers, when it has any"),
+    ("body", "BINARY", "base64 body, only with --journal-bodies"),
+)
+
+SPARK_DDL = ", ".join(f"`{name}` {kind}" for name, kind, _ in FIELDS)
+"""The schema for ``spark.read.schema(SPARK_DDL).json(...)``."""
+
+FIELD_NAMES = tuple(name for name, _, _ in FIELDS)
+
+SEGMENT_PREFIX = "seg-"
+SEALED_SUFFIX = ".jsonl"
+OPEN_SUFFIX = ".jsonl.open"
+DATE_DIR = "date="
+
+
+def segment_name(node: str, first_seq: int) -> str:
+    """File name of a sealed segment; zero-padded so names sort by seq."""
+    return f"{SEGMENT_PREFIX}{node}-{first_seq:016d}{SEALED_SUFFIX}"
+
+
+def parse_segment_name(name: str) -> tuple[str, int] | None:
+    """``(node, first_seq)`` of a segment file name (sealed or open), else None."""
+    if not name.startswith(SEGMENT_PREFIX):
+        return None
+    stem = name[len(SEGMENT_PREFIX):]
+    for suffix in (OPEN_SUFFIX, SEALED_SUFFIX):
+        if stem.endswith(suffix):
+            stem = stem[: -len(suffix)]
+            break
+    else:
+        return None
+    node, _, seq = stem.rpartition("-")
+    if not node or not seq.isdigit():
+        return None
+    return node, int(seq)
