@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SOURCES := setup.py $(shell find mqserver twisted -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: run test lint wheel-test clean
+.PHONY: run test lint wheel-test docs clean
 
 # Strict editable mode links every file into a tree twistd can scan for
 # plugins; the default (lenient) mode hides twisted/plugins from it.  Strict
@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: $(SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install -q -e '.[test,docs]' --config-settings editable_mode=strict
 	touch $@
 
 run: $(VENV)/.installed
@@ -32,11 +32,16 @@ $(EVENTMQ_VENV)/.installed:
 	  && touch $@
 
 test: $(VENV)/.installed $(EVENTMQ_VENV)/.installed
-	$(BIN)/ruff check mqserver tests twisted setup.py bench contrib
+	$(BIN)/ruff check mqserver tests twisted setup.py bench contrib docs/_ext docs/conf.py
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The Sphinx site; warnings are errors so a broken reference fails here (and
+# in tests/test_docs.py) rather than on a reader.
+docs: $(VENV)/.installed
+	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
 wheel-test:
 	$(BIN)/python -m tox
 
 clean:
-	rm -rf $(VENV) $(EVENTMQ_VENV) build dist *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(EVENTMQ_VENV) build dist *.egg-info .pytest_cache .hypothesis docs/_build
