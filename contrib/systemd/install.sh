@@ -3,7 +3,7 @@
 # $PREFIX (default /opt/mqserver), the unit, the example settings (kept if
 # already there) and a `mqserver` system user.  Run as root:
 #
-#     sudo contrib/systemd/install.sh [WHEEL_OR_REQUIREMENT]   # default: mqserver from PyPI
+#     sudo contrib/systemd/install.sh [WHEEL_OR_SOURCE_DIR]   # default: this source tree
 #
 # Re-running it upgrades mqserver in place and restarts nothing: do
 # `systemctl restart mqserver` when ready.
@@ -13,8 +13,8 @@ PREFIX=${PREFIX:-/opt/mqserver}
 ETC=${ETC:-/etc/mqserver}
 UNIT_DIR=${UNIT_DIR:-/etc/systemd/system}
 PYTHON=${PYTHON:-python3}
-PACKAGE=${1:-mqserver}
 HERE=$(cd "$(dirname "$0")" && pwd)
+PACKAGE=${1:-$(cd "$HERE/../.." && pwd)}
 
 test -x "$PREFIX/bin/python" || "$PYTHON" -m venv "$PREFIX"
 "$PREFIX/bin/python" -m pip install -q --upgrade pip
