@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: $(SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,docs]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install -q -e '.[test,docs,analytics]' --config-settings editable_mode=strict
 	touch $@
 
 run: $(VENV)/.installed

@@ -40,6 +40,7 @@ setup(
         "mqserver.zmtp",
         "mqserver.web",
         "mqserver.journal",
+        "mqserver.analytics",
         "twisted.plugins",
     ],
     install_requires=[
@@ -52,6 +53,8 @@ setup(
     ],
     package_data={"mqserver.storage": ["schema/*.sql"], "mqserver.web": ["static/*"]},
     extras_require={
+        # the journal analytics pipeline (mqserver-analytics); ~500 MB of jars
+        "analytics": ["pyspark>=4.2,<5", "pyarrow", "matplotlib"],
         "test": [
             "pytest>=8",
             "pytest-twisted>=1.14",
@@ -71,6 +74,7 @@ setup(
             "myst-parser>=2",
         ],
     },
+    entry_points={"console_scripts": ["mqserver-analytics = mqserver.analytics.cli:main"]},
     classifiers=[
         "Framework :: Twisted",
         "Programming Language :: Python :: 3",
