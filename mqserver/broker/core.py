@@ -263,9 +263,10 @@ class Broker(Topology, Settling):
         queue.consumers.append(consumer)
         connection.consumers[consumer_id] = consumer
         if self.journal is not None:
+            # last: the key that slim delivered/acked records name this consumer by
             self.journal.append((CONSUMER_OPENED, self.clock.seconds(), queue.name, None, None, 0,
                                  consumer_id, connection.id, connection.protocol, None, None, None,
-                                 None, None))
+                                 None, id(consumer)))
         self._kick(queue)
         return consumer
 
@@ -322,9 +323,9 @@ class Broker(Topology, Settling):
                 # retry + 1 happens just after: these are the deliveries so far
                 append((REQUEUED, now, name, message.id, message.created_at, message.retry + 1,
                         consumer.id, connection.id, connection.protocol, len(message.body),
-                        message.expires_at, REASON_CONSUMER_GONE, None, None))
+                        message.expires_at, REASON_CONSUMER_GONE, None, id(consumer)))
         append((CONSUMER_CLOSED, now, name, None, None, 0, consumer.id, connection.id,
-                connection.protocol, None, None, None, None, None))
+                connection.protocol, None, None, None, None, id(consumer)))
 
     # -- dispatch -----------------------------------------------------------
 

@@ -51,14 +51,14 @@ def hand_over(
     consumer.delivered += 1
     journal = broker.journal
     if journal is not None:
-        connection = consumer.connection
-        event = (journal_schema.DELIVERED, now, queue.name, message.id, message.created_at,
-                 message.retry + 1, consumer.id, connection.id, connection.protocol,
-                 len(message.body), message.expires_at, None, None, None)
-        journal.append(event)
+        # slim records (see mqserver.journal.encode): queue and consumer
+        # details come from the consumer_opened record
+        key = id(consumer)
+        journal.append((journal_schema.DELIVERED, now, key, message.id, message.created_at,
+                        message.retry + 1, len(message.body), message.expires_at))
         if not consumer.manual_ack:
-            journal.append((journal_schema.ACKED, *event[1:11], journal_schema.REASON_AUTO_ACK,
-                            None, None))
+            journal.append((journal_schema.ACKED, now, key, message.id,
+                            journal_schema.REASON_AUTO_ACK))
     consumer.sink.deliver(consumer, message)
     return DELIVERED
 

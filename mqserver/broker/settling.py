@@ -52,11 +52,8 @@ class Settling:
         consumer.acked += 1
         queue.acked += 1
         if self.journal is not None:
-            connection = consumer.connection
-            self.journal.append((ACKED, self.clock.seconds(), queue.name, message.id,
-                                 message.created_at, message.retry + 1, consumer.id, connection.id,
-                                 connection.protocol, len(message.body), message.expires_at, None,
-                                 None, None))
+            # slim: the journal knows the rest from the delivery
+            self.journal.append((ACKED, self.clock.seconds(), id(consumer), message_id, None))
         self._op((REMOVE, queue.name, message.seq))
         self._kick(queue)
         return True
@@ -98,7 +95,7 @@ class Settling:
             self.journal.append((REQUEUED, self.clock.seconds(), queue.name, message.id,
                                  message.created_at, message.retry, consumer.id, connection.id,
                                  connection.protocol, len(message.body), message.expires_at,
-                                 REASON_REJECTED, None, None))
+                                 REASON_REJECTED, None, id(consumer)))
         queue.ready.append(message)
         if message.expires_at is not None:
             queue.ttl_ready += 1

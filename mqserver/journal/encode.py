@@ -10,19 +10,32 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from json.encoder import encode_basestring_ascii as quote
 from typing import Any
 
 from mqserver.journal.schema import VERSION
 
 Event = tuple[Any, ...]
-"""``(event, ts, queue, message_id, publish_ts, delivery_count, consumer,
-connection, protocol, size, expires_at, reason, headers, body)``.
-
-Plain values only (bytes, str, int, float, None, a str->str dict), captured
+"""Plain values only (bytes, str, int, float, None, a str->str dict), captured
 when the event happened: they cross to the journal process with ``marshal``.
+
+Full (14): ``(event, ts, queue, message_id, publish_ts, delivery_count,
+consumer, connection, protocol, size, expires_at, reason, headers, extra)``;
+``extra`` is the body on ``published`` and the consumer key (``id()`` of the
+broker's ``Consumer``) on consumer and requeue records.
+
+Slim, for the two records W1 writes per message besides ``published`` (the
+broker's hot path builds less; the rest is joined here from
+``consumer_opened`` and the delivery):
+
+* delivered (8): ``(event, ts, key, message_id, publish_ts, delivery_count,
+  size, expires_at)``
+* acked (5): ``(event, ts, key, message_id, reason)``
 """
+
+_UNKNOWN_CONSUMER = (None, None, None, None)
+_KEYED = frozenset(("consumer_opened", "consumer_closed", "requeued"))
 
 EVENT_WIDTH = 14
 
@@ -40,6 +53,50 @@ class Encoder:
         self._head = f'{{"v":{VERSION},"node":{quote(node)},"seq":'
         self._prefixes: dict[int, str] = {}
         self._names: dict[Any, str] = {}
+        # consumer key -> (queue, consumer id, connection id, protocol)
+        self._consumers: dict[int, tuple[Any, ...]] = {}
+        # consumer key -> message id -> (publish_ts, delivery_count, size, expires_at)
+        self._held: dict[int, dict[bytes, tuple[Any, ...]]] = {}
+
+    def expand(self, events: Iterable[Event]) -> Iterator[Event]:
+        """Full records from full and slim ones, tracking consumers and deliveries."""
+        consumers = self._consumers
+        held = self._held
+        for record in events:
+            width = len(record)
+            if width == 8:
+                _, ts, key, message_id, publish_ts, count, size, expires_at = record
+                queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
+                deliveries = held.get(key)
+                if deliveries is None:
+                    deliveries = held[key] = {}
+                deliveries[message_id] = (publish_ts, count, size, expires_at)
+                yield ("delivered", ts, queue, message_id, publish_ts, count, consumer,
+                       connection, protocol, size, expires_at, None, None, None)
+            elif width == 5:
+                _, ts, key, message_id, reason = record
+                queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
+                deliveries = held.get(key)
+                found = deliveries.pop(message_id, None) if deliveries else None
+                # not seen delivered (cannot happen within one journal run): no message fields
+                publish_ts, count, size, expires_at = found or (ts, 0, 0, None)
+                yield ("acked", ts, queue, message_id, publish_ts, count, consumer, connection,
+                       protocol, size, expires_at, reason, None, None)
+            elif record[0] in _KEYED:
+                event, key = record[0], record[13]
+                if event == "consumer_opened":
+                    consumers[key] = (record[2], record[6], record[7], record[8])
+                    held[key] = {}
+                elif event == "consumer_closed":
+                    consumers.pop(key, None)
+                    held.pop(key, None)
+                else:
+                    deliveries = held.get(key)
+                    if deliveries:
+                        deliveries.pop(record[3], None)
+                yield (*record[:13], None)
+            else:
+                yield record
 
     def _iso(self, ts: float) -> str:
         second = int(ts)
@@ -86,7 +143,7 @@ class Encoder:
         prefixes = self._prefixes
         iso = self._iso
         for (event, ts, queue, message_id, publish_ts, count, consumer, connection,
-             protocol, size, expires_at, reason, headers, body) in events:
+             protocol, size, expires_at, reason, headers, body) in self.expand(events):
             second = int(ts)
             prefix = prefixes.get(second)
             if prefix is None:
