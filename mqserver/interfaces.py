@@ -36,7 +36,7 @@ class IMessageStore(Interface):
             (locked, corrupt beyond repair, unwritable).
         """
 
-    def apply(self):
+    def apply(ops):
         """Apply one batch of operations atomically and durably.
 
         :param ops: a list of op tuples, in the order the broker made them.
@@ -59,7 +59,7 @@ class IStoragePlugin(Interface):
         "[long, short, default, help] this backend adds to twistd mqserver."
     )
 
-    def build_store(self, reactor):
+    def build_store(config, reactor):
         """Make the store (do not open it yet).
 
         :param config: the parsed ``twistd mqserver`` options, a mapping.
@@ -79,7 +79,7 @@ class IProtocolPlugin(Interface):
     )
     options = Attribute("list of optParameters rows this protocol adds.")
 
-    def build_factory(self, config):
+    def build_factory(broker, config):
         """Make the factory for listening connections.
 
         :param broker: the ``IBroker`` every connection talks to.
@@ -87,7 +87,7 @@ class IProtocolPlugin(Interface):
         :return: an ``IProtocolFactory`` provider.
         """
 
-    def extra_listeners(self, config):
+    def extra_listeners(broker, config):
         """Further endpoints the protocol needs beside its main one.
 
         Some protocols listen on several sockets that share state (eMQP has a
@@ -107,14 +107,14 @@ class IProtocolPlugin(Interface):
 class IDeliverySink(Interface):
     """Where the broker hands messages for a consumer: a protocol connection."""
 
-    def deliver(self, message):
+    def deliver(consumer, message):
         """Send ``message`` to ``consumer``'s client now (buffered per turn).
 
         Called synchronously by the broker's dispatch loop; must not call back
         into the broker.
         """
 
-    def queue_changed(self):
+    def queue_changed(consumer):
         """The bindings or options of ``consumer.queue`` changed, or it was deleted
         (``consumer.queue.deleted``); tell the client if the protocol can (MQKS
         ``--update``).  Must not call back into the broker."""
@@ -146,35 +146,35 @@ class IBroker(Interface):
     clock = Attribute("IReactorTime the broker schedules on.")
     queues = Attribute("dict[bytes, Queue]: read-only view for stats.")
 
-    def connection_opened(self, peer, sink):
+    def connection_opened(protocol, peer, sink):
         """Register a client connection. :return: a ``Connection`` record."""
 
-    def connection_closed(self):
+    def connection_closed(connection):
         """Cancel every consumer of the connection, requeuing its unacked messages."""
 
-    def publish_event(self, message_id, body, headers=None, ttl=None, source=None):
+    def publish_event(event, message_id, body, headers=None, ttl=None, source=None):
         """Copy a message into every queue bound to ``event`` (exact or mask).
 
         :return: the number of queues it went to.
         """
 
-    def publish_to_queue(self, message_id, body, headers=None, ttl=None, source=None):
+    def publish_to_queue(queue, message_id, body, headers=None, ttl=None, source=None):
         """Append a message to one queue, creating the queue if needed."""
 
     def durable():
         """:return: Deferred firing with None when everything done so far is durable."""
 
-    def consume(self, consumer_id, queue, window=None, manual_ack=True):
+    def consume(connection, consumer_id, queue, window=None, manual_ack=True):
         """Start a consumer on ``queue``. :return: the ``Consumer``."""
 
-    def cancel(self, requeue=True):
+    def cancel(consumer, requeue=True):
         """Stop a consumer; its unacked messages go back in their original order."""
 
-    def ack(self, message_id):
+    def ack(consumer, message_id):
         """Settle one delivery. :return: True if the consumer held it."""
 
-    def reject(self, message_id):
+    def reject(consumer, message_id):
         """Put a delivery back at the queue's tail with retry + 1. :return: bool."""
 
-    def dead_letter(self, message_id, reason):
+    def dead_letter(consumer, message_id, reason):
         """Remove a delivery, moving it to the queue's dead-letter target if any."""
