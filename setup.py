@@ -74,7 +74,10 @@ setup(
             "myst-parser>=2",
         ],
     },
-    entry_points={"console_scripts": ["mqserver-analytics = mqserver.analytics.cli:main"]},
+    entry_points={"console_scripts": [
+        "mqserver = mqserver.cli:main",
+        "mqserver-analytics = mqserver.analytics.cli:main",
+    ]},
     classifiers=[
         "Framework :: Twisted",
         "Programming Language :: Python :: 3",
