@@ -10,7 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -143,17 +143,9 @@ def mqks_server(start_server) -> Server:
 
 
 @pytest.fixture
-def connect(mqks_server: Server) -> Iterator:
-    clients: list[LineClient] = []
-
-    def make() -> LineClient:
-        client = LineClient(mqks_server.ports["mqks"])
-        clients.append(client)
-        return client
-
-    yield make
-    for client in clients:
-        client.close()
+def connect(mqks_server: Server, line_client) -> Callable[[], LineClient]:
+    """MQKS LineClients to ``mqks_server``, closed at the end of the test."""
+    return lambda: line_client(mqks_server.ports["mqks"])
 
 
 @pytest.fixture
