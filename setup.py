@@ -60,6 +60,8 @@ setup(
             "pytest-twisted>=1.14",
             "pytest-timeout>=2.3",
             "hypothesis>=6.100",
+            # coverage-guided fuzzing of the protocol parsers (tests/fuzz); a manylinux wheel
+            "atheris>=2.3",
             "selenium>=4.10",
             "pyzmq>=25",
             "ruff>=0.6",
