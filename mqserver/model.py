@@ -120,7 +120,9 @@ class QueueOptions:
     ``delete_when_unused``: None keeps the queue; 0 deletes it as soon as its
     last consumer leaves; N deletes it N seconds later unless re-consumed.
     ``delete_when_unused_bare`` records that MQKS was given the flag without a
-    value, which it echoes back without one.
+    value, which it echoes back without one.  ``max_length`` and ``overflow``
+    (``drop-head`` or ``reject-publish``): None means the server-wide default
+    (see ``mqserver.broker.limits``).
     """
 
     delete_when_unused: float | None = None
@@ -128,6 +130,7 @@ class QueueOptions:
     dead_letter: bytes | None = None
     max_length: int | None = None
     default_ttl: float | None = None
+    overflow: str | None = None
 
 
 @dataclass

@@ -160,7 +160,8 @@ class StoreContract:
     @pytest_twisted.inlineCallbacks
     def test_options_and_bindings(self) -> Any:
         options = QueueOptions(
-            delete_when_unused=5.0, dead_letter=b"dlq", max_length=10, default_ttl=60.0
+            delete_when_unused=5.0, dead_letter=b"dlq", max_length=10, default_ttl=60.0,
+            overflow="reject-publish",
         )
         recovered = yield self.roundtrip(
             [(DECLARE, b"q", QueueOptions()), (BIND, b"q", b"e1"), (BIND, b"q", b"a.*.c")],
@@ -345,6 +346,7 @@ class _OpModel:
                     dead_letter=rng.choice([None, b"dlq"]),
                     default_ttl=rng.choice([None, 30.0]),
                     delete_when_unused=rng.choice([None, 0.0, 2.5]),
+                    overflow=rng.choice([None, "drop-head", "reject-publish"]),
                 )
                 self.queues.setdefault(name, {})
                 self.bound.setdefault(name, set())

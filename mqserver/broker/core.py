@@ -21,6 +21,7 @@ from zope.interface import implementer
 
 from mqserver.broker.bindings import BindingIndex
 from mqserver.broker.dispatch import by_priority, round_robin
+from mqserver.broker.overflow import Overflow
 from mqserver.broker.queue import Connection, Consumer, Queue, Slots
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
 from mqserver.broker.topology import Topology
@@ -51,7 +52,7 @@ __all__ = ["KEEP", "MAX_RETRIES", "Broker"]
 
 
 @implementer(IBroker)
-class Broker(Topology, Settling):
+class Broker(Topology, Settling, Overflow):
     def __init__(
         self, store: IMessageStore, clock: IReactorTime, dispatch_batch: int = 1024
     ) -> None:
@@ -86,6 +87,7 @@ class Broker(Topology, Settling):
         for rq in recovered.queues.values():
             queue = Queue(rq.name, rq.options, now)
             self.queues[rq.name] = queue
+            self._apply_limits(queue)
             for event in rq.bindings:
                 self.bindings.bind(rq.name, event)
             queue.restore(rq.messages)
@@ -162,6 +164,8 @@ class Broker(Topology, Settling):
         if not names:
             self.unroutable += 1
             return 0
+        if self.rejecting:
+            self.check_room(names)
         now = self.clock.seconds()
         queues = self.queues
         for name in names:
@@ -182,6 +186,8 @@ class Broker(Topology, Settling):
     ) -> Message:
         self.published += 1
         queue = self.queues.get(name) or self.declare_queue(name)
+        if queue.reject:
+            self.check_room((name,))
         return self._enqueue(
             queue, message_id, body, None, headers, ttl, source, self.clock.seconds()
         )
@@ -211,7 +217,7 @@ class Broker(Topology, Settling):
         self._append(queue, message)
         self.queued += 1
         queue.enqueued += 1
-        limit = queue.options.max_length
+        limit = queue.limit
         if limit is not None and len(queue.ready) > limit:
             oldest = queue.ready.popleft()
             if oldest.expires_at is not None:

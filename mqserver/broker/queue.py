@@ -28,9 +28,12 @@ class Queue:
         "delivered",
         "enqueued",
         "expired",
+        "limit",
         "name",
         "options",
         "ready",
+        "refused",
+        "reject",
         "rejected",
         "requeued",
         "rr",
@@ -56,6 +59,10 @@ class Queue:
         self.deleted = False
         self.enqueued = self.delivered = self.acked = self.rejected = 0
         self.requeued = self.expired = self.dead_lettered = 0
+        # effective max-length and overflow policy (see mqserver.broker.limits)
+        self.limit: int | None = options.max_length
+        self.reject = False
+        self.refused = 0
 
     def restore(self, messages: Iterable[Message]) -> None:
         """Put messages back where their seq says they belong.

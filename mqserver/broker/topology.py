@@ -40,6 +40,7 @@ class Topology:
         if queue is None:
             queue = Queue(name, options or QueueOptions(), self.clock.seconds())
             self.queues[name] = queue
+            self._apply_limits(queue)
             self._op((DECLARE, name, queue.options))
         elif options is not None and options != queue.options:
             self._set_options(queue, options)
@@ -47,6 +48,7 @@ class Topology:
 
     def _set_options(self, queue: Queue, options: QueueOptions) -> None:
         queue.options = options
+        self._apply_limits(queue)
         self._op((DECLARE, queue.name, options))
         if queue.consumers and queue.unused_timer is not None:
             queue.unused_timer.cancel()
@@ -106,6 +108,7 @@ class Topology:
             return False
         queue.deleted = True
         queue.options = QueueOptions()
+        self._forget_limits(queue)
         if queue.unused_timer is not None:
             queue.unused_timer.cancel()
             queue.unused_timer = None

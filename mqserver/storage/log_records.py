@@ -68,6 +68,11 @@ _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
 # flags, delete_when_unused, max_length, default_ttl, len(queue)
 _OPTIONS = struct.Struct(">BdqdI")
+# flag bits 5-6 of a DECLARE: the overflow policy (0: the server default).
+# Older readers ignore the bits and so see the default, which is what a
+# queue declared before the option existed had.
+_OVERFLOW_FLAGS = {None: 0, "drop-head": 1, "reject-publish": 2}
+_OVERFLOW_NAMES = {0: None, 1: "drop-head", 2: "reject-publish", 3: None}
 _COMMIT = struct.Struct(">IQ")
 _TWO_LENGTHS = struct.Struct(">II")
 
@@ -216,6 +221,7 @@ def encode_options(queue: bytes, options: QueueOptions) -> bytes:
         | ((o.dead_letter is not None) << 2)
         | ((o.max_length is not None) << 3)
         | ((o.default_ttl is not None) << 4)
+        | (_OVERFLOW_FLAGS[o.overflow] << 5)
     )
     head = _OPTIONS.pack(
         flags, o.delete_when_unused or 0.0, o.max_length or 0, o.default_ttl or 0.0, len(queue)
@@ -286,6 +292,7 @@ def decode(payload: Any) -> tuple[Any, ...]:
             dead_letter=bytes(payload[start + qlen :]) if flags & 4 else None,
             max_length=max_length if flags & 8 else None,
             default_ttl=ttl if flags & 16 else None,
+            overflow=_OVERFLOW_NAMES[(flags >> 5) & 3],
         )
         return (DECLARE, queue, options)
     if kind in (K_BIND, K_UNBIND):

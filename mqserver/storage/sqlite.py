@@ -70,7 +70,7 @@ from mqserver.storage.worker import StoreThread
 log = Logger()
 
 FILENAME = "mqserver.sqlite3"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 
 _UPSERT_MESSAGE = (
@@ -80,7 +80,7 @@ _UPSERT_MESSAGE = (
 _DELETE_MESSAGE = "DELETE FROM messages WHERE seq = ? AND queue = ?"
 _UPSERT_QUEUE = (
     "INSERT OR REPLACE INTO queues (name, delete_when_unused, delete_when_unused_bare, "
-    "dead_letter, max_length, default_ttl) VALUES (?, ?, ?, ?, ?, ?)"
+    "dead_letter, max_length, default_ttl, overflow) VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 _BIND = "INSERT OR IGNORE INTO bindings (queue, event) VALUES (?, ?)"
 _UNBIND = "DELETE FROM bindings WHERE queue = ? AND event = ?"
@@ -149,7 +149,7 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
         elif kind == DECLARE:
             o = op[2]
             add(_UPSERT_QUEUE, (op[1], o.delete_when_unused, int(o.delete_when_unused_bare),
-                                o.dead_letter, o.max_length, o.default_ttl))
+                                o.dead_letter, o.max_length, o.default_ttl, o.overflow))
         elif kind == BIND:
             add(_BIND, (op[1], op[2]))
         elif kind == UNBIND:

@@ -53,8 +53,8 @@ def make_v1(path: Path) -> None:
 
 
 def test_upgrade_steps_cover_every_version():
-    assert upgrade_steps(0) == ["sqlite-v1.sql", "sqlite-v1-to-v2.sql"]
-    assert upgrade_steps(1) == ["sqlite-v1-to-v2.sql"]
+    assert upgrade_steps(0) == ["sqlite-v1.sql", "sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql"]
+    assert upgrade_steps(1) == ["sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql"]
     assert upgrade_steps(SCHEMA_VERSION) == []
 
 
@@ -74,7 +74,7 @@ def test_upgrade_from_v1_keeps_the_data(tmp_path: Path) -> Any:
     assert queue.bindings == {b"ev"}
     assert recovered.next_seq == 10
     with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(2,)]
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         assert conn.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone() == (10,)
     conn.close()
 
