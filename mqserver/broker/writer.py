@@ -1,5 +1,16 @@
 # -*- test-case-name: tests.unit.test_writer -*-
-"""Group commit: storage ops collected per reactor turn, one ``apply`` per batch."""
+"""Group commit: storage ops collected per reactor turn, one ``apply`` per batch.
+
+When a batch fails (disk full, I/O error, SQLite busy) its waiters get the
+failure at once (so no confirm is ever sent for it), and the batch is *kept*
+at the head of the queue and applied again, with the ops added since behind
+it, after a delay that doubles up to ``max_retry_delay``.  Every op is an
+idempotent upsert or delete of the broker's current state, and the order is
+unchanged, so a later success leaves the store exactly where memory is: a
+transient fault heals itself without a restart and without a silent hole.
+Meanwhile the broker keeps serving from memory, and ``failing`` (with
+``last_error``) is what ``/health`` and ``/metrics`` report.
+"""
 
 from __future__ import annotations
 
@@ -25,10 +36,15 @@ class StoreWriter:
     """
 
     def __init__(
-        self, store: IMessageStore, clock: IReactorTime, max_batch: int = 10_000
+        self, store: IMessageStore, clock: IReactorTime, max_batch: int = 10_000,
+        retry_delay: float = 0.5, max_retry_delay: float = 5.0,
     ) -> None:
         self._store = store
         self.max_batch = max_batch
+        self.retry_delay = retry_delay
+        self.max_retry_delay = max_retry_delay
+        self._delay = retry_delay
+        self._retry: Any = None
         self._clock = clock
         self.ops: list[tuple[Any, ...]] = []
         self._call: Any = None
@@ -43,9 +59,19 @@ class StoreWriter:
         self.failures = 0
         self.last_error: str | None = None
 
+    @property
+    def failing(self) -> bool:
+        """True from a failed batch until one succeeds; ops wait for the retry."""
+        return self.last_error is not None
+
+    def stop(self) -> None:
+        """No more retries: the service gave up on its last flush and closes the store."""
+        if self._retry is not None and self._retry.active():
+            self._retry.cancel()
+
     def add(self, op: tuple[Any, ...]) -> None:
         self.ops.append(op)
-        if self._call is None and not self._in_flight:
+        if self._call is None and not self._in_flight and self._retry is None:
             self._call = self._clock.callLater(0, self._flush)
 
     def wait(self) -> Deferred[None]:
@@ -60,9 +86,13 @@ class StoreWriter:
             return d
         return succeed(None)
 
+    def _retry_now(self) -> None:
+        self._retry = None
+        self._flush()
+
     def _flush(self) -> None:
         self._call = None
-        if self._in_flight or not self.ops:
+        if self._in_flight or not self.ops or self._retry is not None:
             return
         if len(self.ops) > self.max_batch:
             # A store may encode a batch on the reactor thread: cap what one
@@ -76,23 +106,45 @@ class StoreWriter:
         self.last_batch_size = len(batch)
         started = self._clock.seconds()
         d = maybeDeferred(self._store.apply, batch)
-        d.addBoth(self._applied, started)
+        d.addBoth(self._applied, started, batch)
 
-    def _applied(self, result: object, started: float) -> None:
+    def _applied(self, result: object, started: float, batch: list[tuple[Any, ...]]) -> None:
         self._in_flight = False
         self.batches += 1
         self.last_batch_seconds = self._clock.seconds() - started
         self.batch_seconds_total += self.last_batch_seconds
         waiters, self._flight_waiters = self._flight_waiters, []
         if isinstance(result, Failure):
-            self.failures += 1
-            self.last_error = result.getErrorMessage()
-            log.failure("storage batch of {n} ops failed", result, n=self.last_batch_size)
-            for d in waiters:
-                d.errback(result)
-        else:
-            self.last_error = None
-            for d in waiters:
-                d.callback(None)
+            self._failed(result, batch, waiters)
+            return
+        if self.last_error is not None:
+            log.info("storage writes succeed again after {n} failed batches", n=self.failures)
+        self.last_error = None
+        self._delay = self.retry_delay
+        for d in waiters:
+            d.callback(None)
         if self.ops:
             self._flush()
+
+    def _failed(self, failure: Failure, batch: list[tuple[Any, ...]],
+                waiters: list[Deferred[None]]) -> None:
+        """Fail the batch's waiters, keep its ops first in line, and retry later."""
+        self.failures += 1
+        first = self.last_error is None
+        self.last_error = failure.getErrorMessage()
+        self.ops[:0] = batch
+        # a pending waiter waits for every op added before it, the failed
+        # batch included: it gets this failure too
+        waiters.extend(self._pending_waiters)
+        self._pending_waiters = []
+        if first:
+            log.failure("storage batch of {n} ops failed; serving from memory and retrying "
+                        "every {max} s at most; nothing is confirmed until a batch succeeds",
+                        failure, n=len(batch), max=self.max_retry_delay)
+        else:
+            log.error("storage still failing ({n} failed batches, {ops} ops pending): {e}",
+                      n=self.failures, ops=len(self.ops), e=self.last_error)
+        for d in waiters:
+            d.errback(failure)
+        self._retry = self._clock.callLater(self._delay, self._retry_now)
+        self._delay = min(self._delay * 2, self.max_retry_delay)

@@ -544,6 +544,26 @@ def test_disconnect_does_not_wait_for_untracked_requests(h):
     assert h.broker.ready_count() == 0 and h.broker.in_flight() == 0
 
 
+def test_shutdown_says_kbye_and_requeues_jobs_without_using_a_retry(h):
+    """SIGTERM stops the listeners; when the last eMQP socket stops, peers hear KBYE."""
+    worker = h.worker(ready=1)
+    scheduler = h.client(b"sched")
+    scheduler.send(codec.INFORM, b"", b"scheduler")
+    scheduler.recv()
+    request(h.client(), b"g1", headers=b"guarantee,retry-count:0")
+    assert [m[2] for m in worker.recv()] == [b"REQUEST"]
+    routers = h.routers()
+    for router in routers[:-1]:
+        router.doStop()
+    assert worker.recv() == []  # one socket still listens: not a shutdown yet
+    routers[-1].doStop()
+    assert worker.commands() == [b"KBYE"] and scheduler.commands() == [b"KBYE"]
+    assert worker.transport.disconnecting and scheduler.transport.disconnecting
+    [message] = h.broker.queues[b"default"].ready
+    assert (message.id, message.retry) == (b"g1", 0)
+    assert h.service.workers == {} and h.stopped == []
+
+
 def test_disconnect_is_only_for_the_admin_socket(h):
     worker = h.worker()
     worker.send(codec.DISCONNECT)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 
@@ -55,28 +57,77 @@ def test_ops_during_a_slow_apply_group_into_the_next_batch():
     assert writer.wait().called
 
 
-def test_failed_batch_fails_its_waiters_and_later_batches_go_on():
-    clock = Clock()
+class Flaky:
+    """Fails ``apply`` while ``broken`` is set; records every batch it was given."""
 
-    class Failing:
-        durable = True
-        calls = 0
+    durable = True
 
-        def apply(self, ops):
-            self.calls += 1
-            return fail(OSError("disk full")) if self.calls == 1 else succeed(None)
+    def __init__(self) -> None:
+        self.broken = False
+        self.batches: list[list] = []
+        self.stored: list = []
 
-    writer = StoreWriter(Failing(), clock)
+    def apply(self, ops):
+        self.batches.append(list(ops))
+        if self.broken:
+            return fail(OSError(28, "No space left on device"))
+        self.stored.extend(ops)
+        return succeed(None)
+
+
+def test_failed_batch_fails_its_waiters_and_is_retried_first_after_a_delay():
+    clock, store = Clock(), Flaky()
+    writer = StoreWriter(store, clock, retry_delay=0.5, max_retry_delay=5.0)
+    store.broken = True
     writer.add((1,))
     failed = writer.wait()
     clock.advance(0)
     errors = []
     failed.addErrback(errors.append)
-    assert errors and writer.failures == 1 and "disk full" in writer.last_error
+    assert errors and "No space left" in errors[0].getErrorMessage()
+    assert writer.failing and writer.failures == 1 and "No space left" in writer.last_error
+    # while failing, new ops wait for the retry instead of hammering the disk
     writer.add((2,))
-    ok = writer.wait()
+    later = writer.wait()
     clock.advance(0)
-    assert ok.called and writer.last_error is None
+    assert len(store.batches) == 1 and not later.called
+    store.broken = False
+    clock.advance(0.5)
+    assert store.batches[-1] == [(1,), (2,)]
+    assert store.stored == [(1,), (2,)]
+    assert later.called and later.result is None
+    assert not writer.failing and writer.last_error is None
+
+
+def test_retries_back_off_to_the_cap_and_every_waiter_in_between_fails():
+    clock, store = Clock(), Flaky()
+    writer = StoreWriter(store, clock, retry_delay=0.5, max_retry_delay=2.0)
+    store.broken = True
+    writer.add((1,))
+    clock.advance(0)
+    times = []
+    for _ in range(4):
+        waiter = writer.wait()
+        errors = []
+        waiter.addErrback(errors.append)
+        before = len(store.batches)
+        while len(store.batches) == before:
+            clock.advance(0.25)
+        times.append(clock.seconds())
+        assert errors, "a waiter of a failed retry gets the failure"
+    assert [b - a for a, b in pairwise(times)] == [1.0, 2.0, 2.0]
+    assert store.stored == [] and writer.ops == [(1,)]
+
+
+def test_stop_cancels_the_retry():
+    clock, store = Clock(), Flaky()
+    writer = StoreWriter(store, clock)
+    store.broken = True
+    writer.add((1,))
+    clock.advance(0)
+    writer.stop()
+    clock.advance(60)
+    assert len(store.batches) == 1 and not clock.getDelayedCalls()
 
 
 def test_big_backlogs_go_out_in_capped_batches_and_waiters_wait_for_all():

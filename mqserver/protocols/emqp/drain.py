@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 from typing import TYPE_CHECKING, Any
 
-from twisted.internet.defer import DeferredList
+from twisted.internet.defer import Deferred, DeferredList
 from twisted.logger import Logger
 
 from mqserver.protocols.emqp import codec
@@ -58,26 +58,42 @@ class Drain:
             return
         self.finished = True
         service = self.service
-        try:
-            self.cancel()
-            for identity in list(service.schedulers):
-                _send_quietly(service.frontend, identity, codec.message(codec.KBYE))
-            service.schedulers.clear()
-            for worker in list(service.workers.values()):
-                _send_quietly(service.backend, worker.identity, codec.message(codec.KBYE))
-                service.remove_worker(worker, "the broker is shutting down", failed=False)
-        except Exception:
-            log.failure("emqp: draining failed; stopping anyway")
+        self.cancel()
+        say_goodbye(service)
         d = service.broker.durable()
-        d.addBoth(lambda _: DeferredList(
-            [router.close_all() for router in (service.frontend, service.backend, service.admin)]
-        ))
+        d.addBoth(lambda _: close_all(service))
         d.addBoth(self._stopped)
 
     def _stopped(self, _: Any) -> None:
         log.info("emqp: drained; every peer was sent KBYE")
         if self.service.on_disconnect is not None:
             self.service.on_disconnect()
+
+
+def say_goodbye(service: EMQPService) -> None:
+    """KBYE to every scheduler and worker; workers' jobs go back without using a retry.
+
+    Also what a SIGTERM does once the last eMQP socket stops listening
+    (``EMQPService.stop``): the spec's KBAI tells peers the broker is going
+    away on purpose, so they reconnect to the next one instead of waiting out
+    a heartbeat timeout.
+    """
+    try:
+        for identity in list(service.schedulers):
+            _send_quietly(service.frontend, identity, codec.message(codec.KBYE))
+        service.schedulers.clear()
+        for worker in list(service.workers.values()):
+            _send_quietly(service.backend, worker.identity, codec.message(codec.KBYE))
+            service.remove_worker(worker, "the broker is shutting down", failed=False)
+    except Exception:
+        log.failure("emqp: saying goodbye failed; stopping anyway")
+
+
+def close_all(service: EMQPService) -> Deferred[Any]:
+    """Flush and close every connection on the three sockets; fires once all are gone."""
+    return DeferredList(
+        [router.close_all() for router in (service.frontend, service.backend, service.admin)]
+    )
 
 
 def _send_quietly(router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]) -> None:

@@ -31,7 +31,7 @@ from mqserver.broker.queue import Consumer
 from mqserver.model import Message
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import REPLY, REQUEST
-from mqserver.protocols.emqp.drain import Drain
+from mqserver.protocols.emqp.drain import Drain, close_all, say_goodbye
 from mqserver.protocols.emqp.peers import Peer, Worker
 from mqserver.protocols.emqp.scheduler import ScheduleRunner
 from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
@@ -112,6 +112,11 @@ class EMQPService:
         self.scheduler.stop()
         if self._drain is not None:
             self._drain.cancel()
+        if self._drain is None or not self._drain.finished:
+            # the last socket stopped listening: a shutdown (SIGTERM), so
+            # every peer hears KBYE before its connection closes
+            say_goodbye(self)
+            close_all(self)
         if self._ack_call is not None and self._ack_call.active():
             self._ack_call.cancel()
 
