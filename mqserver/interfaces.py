@@ -135,6 +135,21 @@ class IClientConnection(Interface):
         """
 
 
+class IFlowControlled(Interface):
+    """A connection whose reading the broker may stop: the memory alarm.
+
+    Protocols register one with ``broker.flow.publishing(conn)`` when it
+    publishes (see ``mqserver.broker.flow``); the broker core never imports
+    a protocol, only calls these.
+    """
+
+    def pause_reading():
+        """Stop reading from the client (``transport.pauseProducing()``) until resumed."""
+
+    def resume_reading():
+        """Read from the client again."""
+
+
 class IBroker(Interface):
     """The queue core as protocols and the HTTP API see it.
 

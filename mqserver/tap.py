@@ -21,6 +21,9 @@ from twisted.logger import Logger
 from twisted.plugin import getPlugins
 from twisted.python import usage
 
+from mqserver.broker.flow import parse_watermark, watermark_bytes
+from mqserver.broker.overflow import check_policy
+
 log = Logger()
 
 
@@ -77,6 +80,17 @@ class Options(usage.Options):
         ["http-token-file", None, None, "Read the HTTP bearer token from this file."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
+        ["max-queue-length", None, 0,
+         "Most ready messages a queue holds unless it sets its own max_length; 0: no limit.",
+         int],
+        ["overflow", None, "drop-head",
+         "What a full queue does with a new publish unless it sets its own: drop-head "
+         "(drop or dead-letter the oldest) or reject-publish (refuse the publish).",
+         check_policy],
+        ["memory-high-watermark", None, 0.4,
+         "Stop reading from publishing connections while the server's RSS is at or above "
+         "this: a fraction of RAM, bytes, or KiB/MiB/GiB; 0: off.", parse_watermark],
+        ["memory-check-interval", None, 1.0, "Seconds between memory measurements.", float],
         ["journal", None, None,
          "Write a journal of broker events (JSON lines) under this directory; off by "
          "default.  See docs/analytics.md."],
@@ -197,6 +211,10 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         # daemonizes, with the reason on the terminal
         os.makedirs(config["data-dir"], exist_ok=True)
     broker = Broker(store, reactor, dispatch_batch=config["dispatch-batch"])
+    broker.set_limits(config["max-queue-length"], config["overflow"])
+    broker.flow.configure(
+        watermark_bytes(config["memory-high-watermark"]), config["memory-check-interval"]
+    )
     service = BrokerService(
         broker, ttl_interval=config["ttl-interval"], tune_gc=not config["no-gc-tuning"]
     )

@@ -21,6 +21,7 @@ from zope.interface import implementer
 
 from mqserver.broker.bindings import BindingIndex
 from mqserver.broker.dispatch import by_priority, round_robin
+from mqserver.broker.flow import MemoryAlarm
 from mqserver.broker.overflow import Overflow
 from mqserver.broker.queue import Connection, Consumer, Queue, Slots
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
@@ -63,6 +64,8 @@ class Broker(Topology, Settling, Overflow):
         self.bindings = BindingIndex()
         self.connections: dict[int, Connection] = {}
         self.writer = StoreWriter(store, clock) if store.durable else None
+        # the memory alarm: off until configured (see mqserver.broker.flow)
+        self.flow = MemoryAlarm(clock)
         # the event journal (mqserver.journal.writer.Journal) or None: each
         # event point appends one small tuple, captured at that moment
         self.journal: Any = None
@@ -131,6 +134,7 @@ class Broker(Topology, Settling, Overflow):
         for consumer in list(connection.consumers.values()):
             self.cancel(consumer)
         self.connections.pop(connection.id, None)
+        self.flow.forget(connection.sink)
         if self.journal is not None:
             self.journal.append((CONNECTION_CLOSED, self.clock.seconds(), None, None, None, 0,
                                  None, connection.id, connection.protocol, None, None, None, None,

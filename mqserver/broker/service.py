@@ -14,6 +14,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqserver.broker.core import Broker
+from mqserver.interfaces import IClientConnection
 
 log = Logger()
 
@@ -34,6 +35,9 @@ class BrokerService(MultiService):
         self._expiry.clock = broker.clock
         self.ready: Deferred[None] = Deferred()
         self.storage_error: str | None = None
+        # how long a shutdown waits for closed connections to go (their
+        # output flushed) before the reactor drops what is left
+        self.close_timeout = 5.0
 
     def startService(self) -> None:
         self.running = 1
@@ -50,6 +54,7 @@ class BrokerService(MultiService):
             messages=sum(len(q.messages) for q in recovered.queues.values()),
         )
         self._expiry.start(self.ttl_interval, now=False)
+        self.broker.flow.start()
         if self.tune_gc:
             # Long-lived broker state would otherwise be rescanned by every
             # full collection; freezing it and raising the young-generation
@@ -77,14 +82,75 @@ class BrokerService(MultiService):
 
     @inlineCallbacks
     def stopService(self) -> Any:
+        """Graceful stop (SIGTERM, SIGINT), in an order that answers what it can.
+
+        1. Every listener stops accepting (the journal keeps recording); eMQP
+           says KBYE to its peers as its last socket stops.
+        2. Storage is flushed, so confirms whose changes are now durable are
+           answered while their connections are still open.
+        3. Every client connection is closed, its output flushed first; its
+           consumers are cancelled and unacked messages go back to their
+           queues (they are stored as ready already: a delivery is no op).
+        4. Storage is flushed again, the journal sealed, the store closed.
+
+        A failing store does not block the stop: what it could not store is
+        logged, and was never confirmed to anyone.
+        """
         self.running = 0
-        yield DeferredList(
-            [d for d in (s.stopService() for s in reversed(list(self))) if d is not None]
-        )
+        journal = [s for s in self if s is self.broker.journal]
+        yield DeferredList([
+            d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
+            if d is not None
+        ])
         if self._expiry.running:
             self._expiry.stop()
-        yield self.broker.durable()
+        self.broker.flow.stop()
+        yield self._flush()
+        yield self._close_connections()
+        yield self._flush()
+        for service in journal:
+            yield service.stopService()
+        if self.broker.writer is not None:
+            self.broker.writer.stop()
         yield self.broker.store.close()
+
+    @inlineCallbacks
+    def _flush(self) -> Any:
+        try:
+            yield self.broker.durable()
+        except Exception as e:
+            writer = self.broker.writer
+            log.error("stopping with storage failing: {n} changes were not stored ({e})",
+                      n=len(writer.ops) if writer is not None else 0, e=e)
+
+    def _close_connections(self) -> Deferred[None]:
+        """Close every client connection that can be closed; fires once all are gone."""
+        closing = []
+        for connection in list(self.broker.connections.values()):
+            client = IClientConnection(connection.sink, None)
+            if client is None:
+                continue
+            closing.append(connection)
+            try:
+                client.close("the server is shutting down")
+            except Exception:
+                log.failure("closing connection {id} failed", id=connection.id)
+        done: Deferred[None] = Deferred()
+        deadline = self.broker.clock.seconds() + self.close_timeout
+
+        def check() -> None:
+            left = [c for c in closing if c.id in self.broker.connections]
+            if not left:
+                done.callback(None)
+            elif self.broker.clock.seconds() >= deadline:
+                log.warn("{n} connections did not close within {t} s; stopping anyway",
+                         n=len(left), t=self.close_timeout)
+                done.callback(None)
+            else:
+                self.broker.clock.callLater(0.05, check)
+
+        check()
+        return done
 
 
 def stop_with_error(reactor: Any) -> None:

@@ -144,7 +144,8 @@ class StoreWriter:
         else:
             log.error("storage still failing ({n} failed batches, {ops} ops pending): {e}",
                       n=self.failures, ops=len(self.ops), e=self.last_error)
-        for d in waiters:
-            d.errback(failure)
+        # scheduled before the waiters run: one of them may be a shutdown's stop()
         self._retry = self._clock.callLater(self._delay, self._retry_now)
         self._delay = min(self._delay * 2, self.max_retry_delay)
+        for d in waiters:
+            d.errback(failure)

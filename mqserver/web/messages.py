@@ -8,6 +8,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
+from mqserver.broker.overflow import QueueFullError
 from mqserver.model import new_message_id
 from mqserver.web import fields
 from mqserver.web.router import APIError, Call, Reply, Route, raw, text
@@ -53,10 +54,26 @@ def _after_durable(call: Call, durable: bool, answer: dict[str, Any]) -> Any:
     return d
 
 
+def _publish(call: Call, publish: Any, *args: Any) -> Any:
+    """Publish, or say why not: 503 while the memory alarm is on, 507 for a full queue.
+
+    HTTP cannot be slowed by not reading a socket the way the other protocols
+    are, so during the memory alarm publishes are refused and told when to retry.
+    """
+    if call.broker.flow.active:
+        raise APIError(503, "memory alarm: publishing is paused, retry later",
+                       {"Retry-After": "1"})
+    try:
+        return publish(*args)
+    except QueueFullError as e:
+        raise APIError(507, str(e)) from None
+
+
 def publish_to_queue(call: Call) -> Any:
     queue = call.queue()
     message_id, body, headers, ttl, durable = _publish_args(call)
-    message = call.broker.publish_to_queue(queue.name, message_id, body, headers, ttl, "http")
+    message = _publish(call, call.broker.publish_to_queue, queue.name, message_id, body, headers,
+                       ttl, "http")
     answer = {"id": text(message.id), "queue": text(queue.name), "seq": message.seq}
     return _after_durable(call, durable, answer)
 
@@ -64,7 +81,8 @@ def publish_to_queue(call: Call) -> Any:
 def publish_event(call: Call) -> Any:
     event = call.params["event"]
     message_id, body, headers, ttl, durable = _publish_args(call)
-    count = call.broker.publish_event(event, message_id, body, headers, ttl, "http")
+    count = _publish(call, call.broker.publish_event, event, message_id, body, headers, ttl,
+                     "http")
     answer = {"id": text(message_id), "event": text(event), "queues": count}
     return _after_durable(call, durable, answer)
 
@@ -155,14 +173,14 @@ ROUTES = [
           returns={"type": "object", "properties": {
               "id": {"type": "string"}, "queue": {"type": "string"},
               "seq": {"type": "integer"}, "durable": {"type": "boolean"}}},
-          errors=(400, 401, 404, 413, 503)),
+          errors=(400, 401, 404, 413, 503, 507)),
     Route("POST", "/api/events/{event}", publish_event,
           "Publish one message to an event: a copy goes to every bound queue", "messages",
           body=_MESSAGE_IN, status=201,
           returns={"type": "object", "properties": {
               "id": {"type": "string"}, "event": {"type": "string"},
               "queues": {"type": "integer"}, "durable": {"type": "boolean"}}},
-          errors=(400, 401, 413, 503)),
+          errors=(400, 401, 413, 503, 507)),
     Route("GET", "/api/queues/{queue}/messages", peek,
           "Peek at the oldest ready messages without consuming them", "messages",
           query={"limit": ({"type": "integer", "default": 10, "maximum": 1000},

@@ -51,6 +51,18 @@ class BrokerCollector:
         for protocol, count in connections_by_protocol(broker).items():
             connections.add_metric([protocol], count)
         yield connections
+        flow = broker.flow
+        yield GaugeMetricFamily("mqserver_memory_alarm",
+                                "1 while reading from publishers is stopped for memory.",
+                                value=int(flow.active))
+        yield GaugeMetricFamily("mqserver_memory_bytes",
+                                "Resident memory at the last check (0 with the alarm off).",
+                                value=flow.used)
+        yield GaugeMetricFamily("mqserver_memory_high_watermark_bytes",
+                                "The memory alarm's high-water mark (0: off).",
+                                value=flow.high or 0)
+        yield CounterMetricFamily("mqserver_memory_alarms", "Times the memory alarm went on.",
+                                  value=flow.alarms)
         yield from self._storage(broker)
 
     def _queues(self, broker: Any, now: float) -> Iterator[Metric]:
@@ -111,11 +123,25 @@ def health(call: Call) -> Any:
     api = call.api
     storage = storage_view(call.broker, api.storage_name)
     ok = storage["ok"]
+    memory = memory_view(call.broker.flow)
+    # the memory alarm answers 200: the broker is alive and shedding load, and a
+    # liveness probe that restarted it would lose what it holds in memory
+    status = "degraded" if not ok else "memory_alarm" if memory["alarm"] else "ok"
     return Reply(200 if ok else 503, {
-        "status": "ok" if ok else "degraded",
+        "status": status,
         "uptime": round(call.broker.clock.seconds() - api.started_at, 3),
         "storage": storage,
+        "memory": memory,
     })
+
+
+def memory_view(flow: Any) -> dict[str, Any]:
+    """The memory alarm as ``/health`` shows it (``mqserver.broker.flow``)."""
+    return {
+        "alarm": flow.active, "rss_bytes": flow.used, "high_watermark_bytes": flow.high,
+        "low_watermark_bytes": flow.low, "paused_publishers": len(flow.publishers)
+        if flow.active else 0, "alarms": flow.alarms,
+    }
 
 
 def metrics(call: Call) -> Any:

@@ -21,7 +21,8 @@ SCHEMAS: dict[str, Any] = {
         "options": {"type": "object", "properties": {
             "dead_letter": _NULLABLE_STR, "max_length": {"type": ["integer", "null"]},
             "default_ttl": {"type": ["number", "null"]},
-            "delete_when_unused": {"type": ["number", "null"]}}},
+            "delete_when_unused": {"type": ["number", "null"]},
+            "overflow": {"enum": ["drop-head", "reject-publish", None]}}},
         "counters": {"type": "object", "additionalProperties": _INT},
         "rates": {"type": "object", "description": "per second over the last ~10 s",
                   "properties": {"publish": _NUM, "deliver": _NUM, "ack": _NUM}},
@@ -46,7 +47,12 @@ SCHEMAS: dict[str, Any] = {
         "paused": {"type": "boolean"}, "closable": {"type": "boolean"}, "unacked": _INT,
         "consumers": {"type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}},
     "Health": {"type": "object", "properties": {
-        "status": {"enum": ["ok", "degraded"]}, "uptime": _NUM,
+        "status": {"enum": ["ok", "degraded", "memory_alarm"]}, "uptime": _NUM,
+        "memory": {"type": "object", "properties": {
+            "alarm": {"type": "boolean"}, "rss_bytes": _INT,
+            "high_watermark_bytes": {"type": ["integer", "null"]},
+            "low_watermark_bytes": {"type": ["integer", "null"]},
+            "paused_publishers": _INT, "alarms": _INT}},
         "storage": {"type": "object", "properties": {
             "backend": _STR, "durable": {"type": "boolean"}, "ok": {"type": "boolean"},
             "last_error": _NULLABLE_STR, "failures": _INT, "batches": _INT,
@@ -61,7 +67,9 @@ _ERRORS = {
     405: "method not allowed",
     409: "conflict",
     413: "request body over --http-max-body",
-    503: "storage failed or too many consumers",
+    503: "storage failed, too many consumers, or the memory alarm is on (publishing; "
+         "retry after Retry-After seconds)",
+    507: "a queue the message goes to is full (max_length with overflow reject-publish)",
 }
 
 

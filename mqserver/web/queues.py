@@ -7,6 +7,7 @@ import dataclasses
 from itertools import islice
 from typing import Any
 
+from mqserver.broker.overflow import OVERFLOW_POLICIES
 from mqserver.model import QueueOptions
 from mqserver.web import fields
 from mqserver.web.router import APIError, Call, Reply, Route, raw, text
@@ -43,6 +44,11 @@ def _options(obj: dict[str, Any], current: QueueOptions) -> QueueOptions:
         changes["dead_letter"] = raw(target) if target else None
     if "max_length" in obj:
         changes["max_length"] = fields.number(obj, "max_length", None, 1, 2**62, integer=True)
+    if "overflow" in obj:
+        policy = fields.string(obj, "overflow")
+        if policy is not None and policy not in OVERFLOW_POLICIES:
+            raise APIError(400, f"'overflow' must be one of {', '.join(OVERFLOW_POLICIES)}")
+        changes["overflow"] = policy
     if "default_ttl" in obj:
         changes["default_ttl"] = fields.number(obj, "default_ttl", None, 0, 10 * 365 * 86400.0) \
             or None
@@ -144,7 +150,11 @@ _OPTIONS_IN = {
         "dead_letter": {"type": ["string", "null"],
                         "description": "queue that expired and rejected-for-good messages go to"},
         "max_length": {"type": ["integer", "null"], "minimum": 1,
-                       "description": "ready messages kept; the oldest is dead-lettered"},
+                       "description": "ready messages kept (null: --max-queue-length); what "
+                                      "happens beyond is the overflow policy"},
+        "overflow": {"enum": ["drop-head", "reject-publish", None],
+                     "description": "drop-head: the oldest is dropped or dead-lettered; "
+                                    "reject-publish: new publishes get 507 (null: --overflow)"},
         "default_ttl": {"type": ["number", "null"], "description": "seconds"},
         "delete_when_unused": {"type": ["number", "null"],
                                "description": "delete this many seconds after the last "

@@ -20,7 +20,7 @@ from mqserver.model import Message
 from mqserver.web.router import text
 
 QUEUE_COUNTERS = ("enqueued", "delivered", "acked", "rejected", "requeued", "expired",
-                  "dead_lettered")
+                  "dead_lettered", "refused")
 RATE_NAMES = ("publish", "deliver", "ack")
 
 
@@ -79,6 +79,7 @@ def queue_view(broker: Any, queue: Any, sampler: RateSampler, now: float,
             "max_length": options.max_length,
             "default_ttl": options.default_ttl,
             "delete_when_unused": options.delete_when_unused,
+            "overflow": options.overflow,
         },
         "counters": {name: getattr(queue, name) for name in QUEUE_COUNTERS},
         "rates": queue_rates(sampler, queue, now),

@@ -5,9 +5,11 @@ from __future__ import annotations
 from twisted.application.service import Service
 from twisted.internet.defer import Deferred, fail
 from twisted.internet.testing import MemoryReactorClock
+from zope.interface import implementer
 
 from mqserver.broker.core import Broker
 from mqserver.broker.service import BrokerService
+from mqserver.interfaces import IClientConnection, IDeliverySink
 from mqserver.storage.memory import MemoryStore
 
 
@@ -102,3 +104,99 @@ def test_stop_closes_the_store():
     service.startService()
     d = service.stopService()
     assert d.called and not store.is_open
+
+
+class DurableStore(MemoryStore):
+    """A memory store the broker treats as durable; each apply is a Deferred we fire."""
+
+    durable = True
+
+    def __init__(self, log: list[str]) -> None:
+        super().__init__()
+        self.log = log
+        self.pending: list[Deferred] = []
+
+    def apply(self, ops):
+        d = super().apply(ops)
+        waiting: Deferred = Deferred()
+        self.pending.append(waiting)
+        return waiting.addCallback(lambda _: d)
+
+    def close(self):
+        self.log.append("store closed")
+        return super().close()
+
+
+@implementer(IDeliverySink, IClientConnection)
+class Client:
+    """A connection the server may close; it goes away one reactor turn later."""
+
+    def __init__(self, broker: Broker, reactor, log: list[str]) -> None:
+        self.broker, self.reactor, self.log = broker, reactor, log
+        self.connection = broker.connection_opened("test", "peer", self)
+        self.delivered: list = []
+
+    def deliver(self, consumer, message) -> None:
+        self.delivered.append(message.id)
+
+    def queue_changed(self, consumer) -> None:
+        pass
+
+    def close(self, reason: str) -> None:
+        self.log.append(f"closed: {reason}")
+        self.reactor.callLater(0, self.broker.connection_closed, self.connection)
+
+
+class Listening(Service):
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def stopService(self):
+        super().stopService()
+        self.log.append("stopped accepting")
+
+
+def test_stop_accepts_nothing_answers_confirms_then_closes_connections_and_store():
+    log: list[str] = []
+    reactor = MemoryReactorClock()
+    store = DurableStore(log)
+    broker = Broker(store, reactor)
+    service = BrokerService(broker)
+    Listening(log).setServiceParent(service)
+    service.startService()
+    client = Client(broker, reactor, log)
+    consumer = broker.consume(client.connection, b"c", b"q")
+    broker.publish_to_queue(b"q", b"m1", b"body")
+    broker.durable().addCallback(lambda _: log.append("confirmed"))
+    reactor.advance(0)
+    assert client.delivered == [b"m1"] and len(store.pending) == 1
+    stopped = service.stopService()
+    assert log == ["stopped accepting"]
+    store.pending[0].callback(None)
+    assert log == ["stopped accepting", "confirmed", "closed: the server is shutting down"]
+    reactor.advance(0)  # the connection goes; its unacked message is requeued (stored)
+    assert not consumer.active and [m.id for m in broker.queues[b"q"].ready] == [b"m1"]
+    reactor.advance(0.05)  # the service sees it gone; the requeue's op goes out
+    assert len(store.pending) == 2 and not stopped.called
+    store.pending[1].callback(None)
+    assert stopped.called and log[-1] == "store closed"
+
+
+def test_stop_with_a_failing_store_still_closes_everything():
+    log: list[str] = []
+    reactor = MemoryReactorClock()
+    store = DurableStore(log)
+    broker = Broker(store, reactor)
+    service = BrokerService(broker)
+    service.startService()
+    Client(broker, reactor, log)
+    broker.publish_to_queue(b"q", b"m1", b"body")
+    reactor.advance(0)
+    stopped = service.stopService()
+    store.pending[0].errback(OSError(28, "No space left on device"))
+    reactor.advance(0)
+    assert log == ["closed: the server is shutting down"]
+    reactor.advance(0.5)  # the last flush waits for one retry, which fails too
+    store.pending[1].errback(OSError(28, "No space left on device"))
+    assert stopped.called and log == ["closed: the server is shutting down", "store closed"]
+    assert broker.writer.failing and not reactor.getDelayedCalls()

@@ -117,6 +117,8 @@ class MQKSProtocol(Protocol):
         log.info("mqks connection {id} closed by the server: {reason}",
                  id=self.connection.id if self.connection else None, reason=reason)
         self._closing = True
+        # answers already made (a shutdown's confirms) go out before the close
+        self._flush()
         self.transport.loseConnection()
 
     # -- parsing ------------------------------------------------------------

@@ -19,8 +19,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
-from mqserver.interfaces import IClientConnection, IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.model import Message, QueueOptions, new_message_id
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import (
@@ -76,7 +77,7 @@ class PHPMQFactory(Factory):
         return protocol
 
 
-@implementer(IDeliverySink, IPushProducer, IClientConnection)
+@implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
 class PHPMQProtocol(Protocol):
     def __init__(self, factory: PHPMQFactory) -> None:
         self.factory = factory
@@ -87,6 +88,7 @@ class PHPMQProtocol(Protocol):
         self.consumer: Consumer | None = None
         self.revision = factory.revision or 2017
         self._detect = factory.revision is None
+        self._refused = 0
         self._out: list[bytes] = []
         self._flush_call: Any = None
         self._closing = False
@@ -131,6 +133,14 @@ class PHPMQProtocol(Protocol):
 
     def stopProducing(self) -> None:
         pass
+
+    # IFlowControlled: the memory alarm stops reading from publishers
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        if not self._closing:
+            self.transport.resumeProducing()
 
     def close(self, reason: str) -> None:
         """IClientConnection: an operator drops this client (HTTP API)."""
@@ -203,9 +213,19 @@ class PHPMQProtocol(Protocol):
         ttl_text = packages.get(TTL)
         ttl = codec.parse_number(ttl_text, "TTL") if ttl_text is not None else 0
         # 0 (the 2018 client's default) and absent (2017) both mean "none chosen"
-        self.broker.publish_to_queue(
-            queue, new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
-        )
+        self.broker.flow.publishing(self)
+        try:
+            self.broker.publish_to_queue(
+                queue, new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
+            )
+        except QueueFullError as e:
+            # PHPMQ has no reply to carry a refusal, and closing would also drop
+            # whatever the client pipelined behind it: the message is dropped,
+            # counted on the queue (``refused``) and logged once per connection
+            if not self._refused:
+                log.warn("phpmq connection {id}: {e}; publishes to full queues are dropped",
+                         id=self.connection.id, e=e)
+            self._refused += 1
 
     def _consume(self, packages: dict[int, bytes]) -> None:
         queue = self._queue(packages)
