@@ -17,8 +17,9 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
+from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
-from mqserver.interfaces import IClientConnection, IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.model import Message
 from mqserver.protocols.mqks import codec
 from mqserver.protocols.mqks.codec import MQKSError
@@ -51,7 +52,7 @@ class MQKSFactory(Factory):
         return consumer
 
 
-@implementer(IDeliverySink, IPushProducer, IClientConnection)
+@implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
 class MQKSProtocol(Protocol):
     def __init__(self, factory: MQKSFactory) -> None:
         self.factory = factory
@@ -112,6 +113,13 @@ class MQKSProtocol(Protocol):
     def stopProducing(self) -> None:
         pass
 
+    # IFlowControlled: the memory alarm stops reading from publishers
+    def pause_reading(self) -> None:
+        self.transport.pauseProducing()
+
+    def resume_reading(self) -> None:
+        self.transport.resumeProducing()
+
     def close(self, reason: str) -> None:
         """IClientConnection: an operator drops this client (HTTP API)."""
         log.info("mqks connection {id} closed by the server: {reason}",
@@ -166,7 +174,7 @@ class MQKSProtocol(Protocol):
             return
         try:
             handler(request_id, data)
-        except (MQKSError, EvalError) as e:
+        except (MQKSError, EvalError, QueueFullError) as e:
             self._error(request_id, str(e))
         except Exception:
             log.failure("mqks {action} failed", action=action)
@@ -250,6 +258,7 @@ class MQKSProtocol(Protocol):
         event, _, body = data.partition(b" ")
         if not event or not body:
             raise MQKSError("publish needs an event and data")
+        self.broker.flow.publishing(self)
         self.broker.publish_event(event, request_id, body, None, None, "mqks")
         if confirm:
             self._confirm(request_id)

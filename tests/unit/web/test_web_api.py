@@ -18,7 +18,7 @@ def test_create_queue_with_options_then_change_them(web):
     })
     assert status == 201
     assert view["options"] == {"dead_letter": "jobs.dead", "max_length": 2, "default_ttl": 60.0,
-                               "delete_when_unused": None}
+                               "delete_when_unused": None, "overflow": None}
     assert view["bindings"] == ["a", "b.*"]
     assert web.broker.queues[b"jobs"].options == QueueOptions(
         dead_letter=b"jobs.dead", max_length=2, default_ttl=60.0)
