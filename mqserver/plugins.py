@@ -28,9 +28,14 @@ class MQKSProtocolPlugin:
     ]
 
     def build_factory(self, broker: Any, config: Any) -> Any:
+        from mqserver.limits import Limits
         from mqserver.protocols.mqks.protocol import MQKSFactory
 
-        return MQKSFactory(broker, max_line=int(config.get("mqks-max-line", 16 * 1024 * 1024)))
+        return MQKSFactory(
+            broker,
+            max_line=int(config.get("mqks-max-line", 16 * 1024 * 1024)),
+            limits=Limits.from_config(config),
+        )
 
     def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
         return []
@@ -62,6 +67,7 @@ class PHPMQProtocolPlugin:
     ]
 
     def build_factory(self, broker: Any, config: Any) -> Any:
+        from mqserver.limits import Limits
         from mqserver.protocols.phpmq.protocol import PHPMQFactory
 
         revision = str(config.get("phpmq-revision", "auto"))
@@ -70,6 +76,7 @@ class PHPMQProtocolPlugin:
             max_content=int(config.get("phpmq-max-content", 16 * 1024 * 1024)),
             dead_letter_suffix=str(config.get("phpmq-dead-letter-suffix", "")).encode("utf-8"),
             revision=None if revision == "auto" else int(_phpmq_revision(revision)),
+            limits=Limits.from_config(config),
         )
 
     def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
@@ -91,6 +98,9 @@ class EMQPProtocolPlugin:
          "eMQP: endpoint of the admin socket (STATUS, ROUTER_SHOW_*, DISCONNECT)."],
         ["emqp-max-message", None, 64 * 1024 * 1024,
          "eMQP: largest ZMTP message in bytes; a larger one closes the connection.", int],
+        ["emqp-max-frames", None, 64,
+         "eMQP: most ZMTP frames in one message; more close the connection (after a "
+         "ZMTP ERROR command to 3.1 peers).", int],
         ["emqp-heartbeat", None, 3.0, "eMQP: seconds between HEARTBEATs to workers "
          "and schedulers.", float],
         ["emqp-peer-timeout", None, 5.0,

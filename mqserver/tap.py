@@ -80,6 +80,13 @@ class Options(usage.Options):
         ["http-token-file", None, None, "Read the HTTP bearer token from this file."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
+        ["max-name-bytes", None, 255,
+         "Longest queue or event name (or mask) in bytes, every protocol; names are also "
+         "refused if empty or holding control characters.  See docs/operations.md.", int],
+        ["max-id-bytes", None, 255,
+         "Longest message, request or consumer id in bytes, every protocol.", int],
+        ["max-headers", None, 64,
+         "Most header fields one message may carry (eMQP header items, HTTP 'headers').", int],
         ["max-queue-length", None, 0,
          "Most ready messages a queue holds unless it sets its own max_length; 0: no limit.",
          int],
@@ -248,10 +255,11 @@ def makeService(config: Options, reactor: Any = None) -> IService:
             endpoint = endpoints.serverFromString(reactor, extra)
             Listener(label, endpoint, extra_factory, reactor).setServiceParent(service)
     if not config["no-http"]:
+        from mqserver.limits import Limits
         from mqserver.web.app import build_site
 
         site = build_site(broker, token=config["http-token"], max_body=config["http-max-body"],
-                          storage_name=config["storage"])
+                          storage_name=config["storage"], limits=Limits.from_config(config))
         endpoint = endpoints.serverFromString(reactor, config["http"])
         Listener("http", endpoint, site, reactor).setServiceParent(service)
     return service

@@ -22,7 +22,9 @@ from twisted.python.failure import Failure
 from twisted.web import server
 from twisted.web.resource import Resource
 
+from mqserver.limits import Limits
 from mqserver.web.consumers import HTTPConsumers
+from mqserver.web.fields import check_params
 from mqserver.web.router import JSON_TYPE, APIError, Call, Reply, Route, Router
 from mqserver.web.views import RateSampler
 
@@ -43,6 +45,7 @@ class WebAPI:
     sampler: RateSampler = field(default_factory=RateSampler)
     consumers: Any = None
     registry: Any = None
+    limits: Limits = field(default_factory=Limits)
 
 
 def all_routes() -> list[Route]:
@@ -69,6 +72,7 @@ class APIResource(Resource):
         gone: list[bool] = []
         try:
             route, params = self.router.match(method, list(request.postpath))
+            check_params(self.api.limits, params)
             if route.mutating:
                 self._authorize(request)
         except APIError as e:
@@ -189,6 +193,7 @@ def build_site(
     token: str | None = None,
     max_body: int = DEFAULT_MAX_BODY,
     storage_name: str = "memory",
+    limits: Limits | None = None,
 ) -> APISite:
     """The HTTP face of ``broker``, ready for ``endpoint.listen``."""
     from mqserver.web.metrics import make_registry
@@ -199,6 +204,7 @@ def build_site(
         max_body=max_body,
         storage_name=storage_name,
         started_at=broker.clock.seconds(),
+        limits=limits or Limits(),
     )
     api.consumers = HTTPConsumers(broker)
     api.registry = make_registry(broker, storage_name)

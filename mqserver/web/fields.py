@@ -12,7 +12,25 @@ import binascii
 import math
 from typing import Any
 
+from mqserver.limits import Limits
 from mqserver.web.router import APIError, raw
+
+_NAME_PARAMS = ("queue", "event")
+"""Path parameters that are queue or event names; every other one is an id."""
+
+
+def bad_request(message: str) -> APIError:
+    """A broken limit (``mqserver.limits``) as the 400 it is over HTTP."""
+    return APIError(400, message)
+
+
+def check_params(limits: Limits, params: dict[str, bytes]) -> None:
+    """Path parameters obey the name and id rules before any handler sees them."""
+    for key, value in params.items():
+        if key in _NAME_PARAMS:
+            limits.check_name(value, f"{key} name", bad_request)
+        else:
+            limits.check_id(value, key, bad_request)
 
 
 def number(
@@ -63,17 +81,39 @@ def string(obj: dict[str, Any], key: str, default: str | None = None) -> str | N
     return value
 
 
-def names(obj: dict[str, Any], key: str) -> list[bytes]:
-    """A list of non-empty strings (event names, masks, ids) as bytes."""
+def checked(
+    obj: dict[str, Any], key: str, limits: Limits, ids: bool = False
+) -> bytes | None:
+    """A string field naming a queue (or an id, with ``ids``) as bytes, within ``limits``."""
+    value = string(obj, key)
+    if value is None:
+        return None
+    result = raw(value)
+    check = limits.check_id if ids else limits.check_name
+    return check(result, repr(key), bad_request)
+
+
+def names(
+    obj: dict[str, Any], key: str, limits: Limits | None = None, ids: bool = False
+) -> list[bytes]:
+    """A list of non-empty strings (event names, masks, or ids with ``ids``) as bytes,
+    each checked against ``limits`` when given."""
     value = obj.get(key)
     if value is None:
         return []
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise APIError(400, f"{key!r} must be a list of non-empty strings")
-    return [raw(v) for v in value]
+    result = [raw(v) for v in value]
+    if limits is not None:
+        check = limits.check_id if ids else limits.check_name
+        for item in result:
+            check(item, f"item of {key!r}", bad_request)
+    return result
 
 
-def headers(obj: dict[str, Any], key: str = "headers") -> dict[str, str] | None:
+def headers(
+    obj: dict[str, Any], key: str = "headers", limits: Limits | None = None
+) -> dict[str, str] | None:
     value = obj.get(key)
     if value is None:
         return None
@@ -81,6 +121,8 @@ def headers(obj: dict[str, Any], key: str = "headers") -> dict[str, str] | None:
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise APIError(400, f"{key!r} must be an object of string values")
+    if limits is not None:
+        limits.check_headers(len(value), f"fields in {key!r}", bad_request)
     return dict(value) or None
 
 

@@ -11,7 +11,7 @@ from twisted.internet.defer import Deferred
 from mqserver.broker.overflow import QueueFullError
 from mqserver.model import new_message_id
 from mqserver.web import fields
-from mqserver.web.router import APIError, Call, Reply, Route, raw, text
+from mqserver.web.router import APIError, Call, Reply, Route, text
 from mqserver.web.views import message_view
 
 MAX_TTL = 10 * 365 * 86400.0
@@ -27,12 +27,12 @@ def _publish_args(call: Call) -> tuple[bytes, bytes, dict[str, str] | None, floa
     else:
         body = call.body()
         obj = {k: call.query(k) for k in ("id", "ttl", "durable")}
-    message_id = fields.string(obj, "id")
+    message_id = fields.checked(obj, "id", call.api.limits, ids=True)
     ttl = fields.number(obj, "ttl", minimum=0, maximum=MAX_TTL)
     return (
-        raw(message_id) if message_id else new_message_id(),
+        message_id or new_message_id(),
         body,
-        fields.headers(obj),
+        fields.headers(obj, limits=call.api.limits),
         ttl or None,
         fields.boolean(obj, "durable"),
     )
@@ -98,11 +98,11 @@ def peek(call: Call) -> Any:
 def consume(call: Call) -> Any:
     queue = call.queue()
     obj = call.json()
-    name = fields.string(obj, "consumer")
+    name = fields.checked(obj, "consumer", call.api.limits, ids=True)
     count = fields.number(obj, "max", 1, 1, 1000, integer=True)
     timeout = fields.number(obj, "timeout", 0.0, 0, MAX_POLL)
     lease = fields.number(obj, "lease", 30.0, 1, MAX_LEASE)
-    session = call.api.consumers.open(raw(name) if name else None, queue.name, call.peer())
+    session = call.api.consumers.open(name, queue.name, call.peer())
     session.renew(lease)
     d = session.poll(count, timeout)
 
@@ -121,17 +121,17 @@ def consume(call: Call) -> Any:
 def _settle(call: Call, settle: Any) -> dict[str, Any]:
     queue = call.queue()
     obj = call.json()
-    name = fields.string(obj, "consumer")
+    name = fields.checked(obj, "consumer", call.api.limits, ids=True)
     if name is None:
         raise APIError(400, "'consumer' is required")
-    ids = fields.names(obj, "ids")
-    session = call.api.consumers.get(raw(name), queue.name)
+    ids = fields.names(obj, "ids", call.api.limits, ids=True)
+    session = call.api.consumers.get(name, queue.name)
     session.renew()
     done, unknown = [], []
     for message_id in ids:
         (done if settle(session.consumer, message_id) else unknown).append(text(message_id))
     session.sync_window()
-    return {"consumer": name, "settled": done, "unknown": unknown}
+    return {"consumer": text(name), "settled": done, "unknown": unknown}
 
 
 def ack(call: Call) -> Any:

@@ -8,6 +8,7 @@ from itertools import islice
 from typing import Any
 
 from mqserver.broker.overflow import OVERFLOW_POLICIES
+from mqserver.limits import Limits
 from mqserver.model import QueueOptions
 from mqserver.web import fields
 from mqserver.web.router import APIError, Call, Reply, Route, raw, text
@@ -36,12 +37,11 @@ def get_queue(call: Call) -> Any:
                       call.broker.clock.seconds(), detail=True)
 
 
-def _options(obj: dict[str, Any], current: QueueOptions) -> QueueOptions:
+def _options(obj: dict[str, Any], current: QueueOptions, limits: Limits) -> QueueOptions:
     """``current`` with the fields ``obj`` mentions (null clears one)."""
     changes: dict[str, Any] = {}
     if "dead_letter" in obj:
-        target = fields.string(obj, "dead_letter")
-        changes["dead_letter"] = raw(target) if target else None
+        changes["dead_letter"] = fields.checked(obj, "dead_letter", limits)
     if "max_length" in obj:
         changes["max_length"] = fields.number(obj, "max_length", None, 1, 2**62, integer=True)
     if "overflow" in obj:
@@ -63,8 +63,9 @@ def put_queue(call: Call) -> Any:
     obj = call.json()
     broker = call.broker
     existing = broker.queues.get(name)
-    options = _options(obj, existing.options if existing is not None else QueueOptions())
-    bindings = fields.names(obj, "bindings") if "bindings" in obj else None
+    limits = call.api.limits
+    options = _options(obj, existing.options if existing is not None else QueueOptions(), limits)
+    bindings = fields.names(obj, "bindings", limits) if "bindings" in obj else None
     if existing is None:
         broker.declare_queue(name, options)
     elif options != existing.options:
@@ -112,10 +113,11 @@ def get_bindings(call: Call) -> Any:
 def change_bindings(call: Call) -> Any:
     name = call.queue().name
     obj = call.json()
-    replace = fields.names(obj, "replace") if "replace" in obj else None
-    remove = fields.names(obj, "remove")
-    remove_masks = fields.names(obj, "remove_masks")
-    add = fields.names(obj, "add")
+    limits = call.api.limits
+    replace = fields.names(obj, "replace", limits) if "replace" in obj else None
+    remove = fields.names(obj, "remove", limits)
+    remove_masks = fields.names(obj, "remove_masks", limits)
+    add = fields.names(obj, "add", limits)
     changed = False
     if replace is not None:
         changed = _set_bindings(call, name, replace)

@@ -41,6 +41,8 @@ log = Logger()
 ROUTER = b"ROUTER"
 PEER_TYPES = frozenset((b"DEALER", b"REQ", b"ROUTER"))
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
+DEFAULT_MAX_FRAMES = 64
+"""Frames in one multipart message; eMQP's longest (SCHEDULE) has 9 after the identity."""
 
 _GREETING, _HANDSHAKE, _READY, _CLOSED = range(4)
 
@@ -89,8 +91,10 @@ class ZMTPRouterFactory(Factory):
         peer_types: frozenset[bytes] = PEER_TYPES,
         clock: Any = None,
         handshake_timeout: float = 30.0,
+        max_frames: int = DEFAULT_MAX_FRAMES,
     ) -> None:
         self.handler = handler
+        self.max_frames = max_frames
         self.clock = clock
         self.handshake_timeout = handshake_timeout
         self.name = name
@@ -222,6 +226,12 @@ class ZMTPConnection(TwistedProtocol):
                     self._command(body)
                 else:
                     self._frame(flags, body)
+        except codec.TooLargeError as e:
+            # ZMTP 3.1's ERROR command tells the peer why before we close; a 3.0
+            # peer does not know the command, so it only sees the close
+            if self.version >= (3, 1):
+                self.transport.write(codec.error_command(str(e).encode("ascii", "replace")))
+            self._fail(str(e))
         except ZMTPError as e:
             self._fail(str(e))
 
@@ -288,6 +298,10 @@ class ZMTPConnection(TwistedProtocol):
             )
         self._parts.append(body)
         if flags & MORE:
+            if len(self._parts) >= self.factory.max_frames:
+                raise codec.TooLargeError(
+                    f"message of more than {self.factory.max_frames} frames"
+                )
             return
         frames, self._parts, self._size = self._parts, [], 0
         identity = self.identity

@@ -116,7 +116,7 @@ class AdminHandler(EndpointHandler):
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:
         try:
-            envelope = codec.parse(frames)
+            envelope = codec.parse(frames, self.service.limits)
         except EMQPError as e:
             log.warn("emqp-admin: dropped a malformed message: {e}", e=e)
             return

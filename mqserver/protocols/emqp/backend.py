@@ -37,7 +37,7 @@ class BackendHandler(EndpointHandler):
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:
         try:
-            envelope = codec.parse(frames)
+            envelope = codec.parse(frames, self.service.limits)
             worker = self.service.workers.get(identity)
             if worker is not None:
                 worker.last_seen = self.service.clock.seconds()
@@ -63,7 +63,7 @@ class BackendHandler(EndpointHandler):
             raise EMQPError(f"INFORM of type {kind!r} on the backend (schedulers use the frontend)")
         if self.service.draining:
             raise EMQPError("draining after DISCONNECT")
-        queues = codec.parse_worker_queues(body[0])
+        queues = codec.parse_worker_queues(body[0], self.service.limits)
         self.service.register_worker(identity, queues)
         try:
             self.service.backend.send(identity, codec.message(codec.ACK, envelope.msgid))

@@ -13,6 +13,8 @@ import json
 import uuid
 from dataclasses import dataclass, field
 
+from mqserver.limits import Limits
+
 VERSION = b"eMQP/1.0"
 DEFAULT_QUEUE = b"default"
 DEFAULT_WEIGHT = 10
@@ -51,16 +53,19 @@ class Envelope:
     body: list[bytes]
 
 
-def parse(frames: list[bytes]) -> Envelope:
+def parse(frames: list[bytes], limits: Limits | None = None) -> Envelope:
     """Split a message (identity already removed) into command, msgid and body.
 
     Like the original, the version frame is not checked, so a peer speaking
-    a later minor revision still gets through.
+    a later minor revision still gets through.  With ``limits`` the msgid
+    must obey the server's id rules (``--max-id-bytes``).
     """
     if len(frames) < 4:
         raise EMQPError(f"an eMQP message has at least 4 frames, got {len(frames)}")
     if frames[0]:
         raise EMQPError("the first eMQP frame must be empty")
+    if limits is not None:
+        limits.check_id(frames[3], "msgid", EMQPError)
     return Envelope(frames[2].upper(), frames[3], frames[4:])
 
 
@@ -131,8 +136,10 @@ def format_headers(headers: Headers) -> bytes:
     return raw(",".join(items))
 
 
-def parse_worker_queues(frame: bytes) -> list[tuple[int, bytes]]:
-    """``[[10, "default"], [5, "email"]]`` -> weights and names; empty means default."""
+def parse_worker_queues(frame: bytes, limits: Limits | None = None) -> list[tuple[int, bytes]]:
+    """``[[10, "default"], [5, "email"]]`` -> weights and names; empty means default.
+
+    With ``limits`` every name must obey the server's name rules."""
     if not frame.strip():
         return [(DEFAULT_WEIGHT, DEFAULT_QUEUE)]
     try:
@@ -152,7 +159,10 @@ def parse_worker_queues(frame: bytes) -> list[tuple[int, bytes]]:
             or not entry[1]
         ):
             raise EMQPError(f"a worker queue must be [weight, name], got {entry!r}")
-        queues.append((entry[0], entry[1].encode("utf-8", "surrogateescape")))
+        name = entry[1].encode("utf-8", "surrogateescape")
+        if limits is not None:
+            limits.check_name(name, "worker queue name", EMQPError)
+        queues.append((entry[0], name))
     return queues
 
 
@@ -163,9 +173,23 @@ class Request:
     payload: bytes
 
 
-def parse_request(body: list[bytes]) -> Request:
+def check_job(queue: bytes, headers: bytes, limits: Limits | None) -> None:
+    """A REQUEST's or SCHEDULE's queue name and header count obey ``limits``.
+
+    An empty queue is allowed: it means the default queue, as in eventmq.
+    """
+    if limits is None:
+        return
+    if queue:
+        limits.check_name(queue, "queue name", EMQPError)
+    items = sum(1 for item in headers.split(b",") if item.strip())
+    limits.check_headers(items, "header items", EMQPError)
+
+
+def parse_request(body: list[bytes], limits: Limits | None = None) -> Request:
     if len(body) < 3:
         raise EMQPError("REQUEST needs queue, headers and message frames")
+    check_job(body[0], body[1], limits)
     return Request(body[0], body[1], body[2])
 
 
@@ -178,10 +202,11 @@ class Schedule:
     cron: bytes
 
 
-def parse_schedule(body: list[bytes]) -> Schedule:
+def parse_schedule(body: list[bytes], limits: Limits | None = None) -> Schedule:
     """SCHEDULE/UNSCHEDULE: queue, headers, interval (-1 = cron), message, cron."""
     if len(body) < 3:
         raise EMQPError("SCHEDULE needs at least queue, headers and interval frames")
+    check_job(body[0], body[1], limits)
     if len(body) == 3:  # the spec's 7-frame form: queue, headers, message
         return Schedule(body[0], body[1], -1, body[2], b"")
     try:

@@ -44,7 +44,7 @@ class FrontendHandler(EndpointHandler):
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:
         try:
-            envelope = codec.parse(frames)
+            envelope = codec.parse(frames, self.service.limits)
         except EMQPError as e:
             log.warn("emqp: dropped a malformed message from {id}: {e}", id=describe(identity), e=e)
             return
@@ -81,7 +81,7 @@ class FrontendHandler(EndpointHandler):
     def _request(self, identity: bytes, envelope: codec.Envelope) -> None:
         if not self._accepting(envelope):
             return
-        request = codec.parse_request(envelope.body)
+        request = codec.parse_request(envelope.body, self.service.limits)
         self.service.publish_request(
             request.queue, request.headers, request.payload, envelope.msgid, identity
         )
@@ -90,7 +90,9 @@ class FrontendHandler(EndpointHandler):
     def _schedule(self, identity: bytes, envelope: codec.Envelope) -> None:
         if not self._accepting(envelope):
             return
-        key = self.service.scheduler.schedule(codec.parse_schedule(envelope.body))
+        key = self.service.scheduler.schedule(
+            codec.parse_schedule(envelope.body, self.service.limits)
+        )
         log.info("emqp: job {key} scheduled by {id}", key=key, id=describe(identity))
         self._when_stored(identity, codec.message(codec.ACK, envelope.msgid))
 
@@ -107,6 +109,7 @@ class FrontendHandler(EndpointHandler):
         body = envelope.body
         if len(body) < 2 or not body[0]:
             raise EMQPError("PUBLISH needs a topic and a message")
+        self.service.limits.check_name(body[0], "topic", EMQPError)
         # eventmq sends topic, message; the spec's second form has headers between
         topic, payload = body[0], body[-1]
         fields = {"emqp-headers": codec.text(body[1])} if len(body) > 2 else None

@@ -12,7 +12,9 @@ from __future__ import annotations
 import weakref
 from typing import Any
 
+from mqserver.limits import Limits
 from mqserver.protocols.emqp.service import EMQPService
+from mqserver.zmtp.router import DEFAULT_MAX_FRAMES
 
 FRONTEND = "tcp:47291:interface=127.0.0.1"
 BACKEND = "tcp:47290:interface=127.0.0.1"
@@ -43,6 +45,8 @@ def service_for(broker: Any, config: Any) -> EMQPService:
             drain_timeout=float(config.get("emqp-drain-timeout", 10.0)),
             dead_letter=str(config.get("emqp-dead-letter", "")).encode("utf-8"),
             on_disconnect=_stop_reactor(broker.clock),
+            max_frames=int(config.get("emqp-max-frames", DEFAULT_MAX_FRAMES)),
+            limits=Limits.from_config(config),
         )
         _services[broker] = service
     return service

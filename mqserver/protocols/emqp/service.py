@@ -28,13 +28,19 @@ from twisted.logger import Logger
 
 from mqserver.broker.core import MAX_RETRIES
 from mqserver.broker.queue import Consumer
+from mqserver.limits import Limits
 from mqserver.model import Message
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import REPLY, REQUEST
 from mqserver.protocols.emqp.drain import Drain, close_all, say_goodbye
 from mqserver.protocols.emqp.peers import Peer, Worker
 from mqserver.protocols.emqp.scheduler import ScheduleRunner
-from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.router import (
+    DEFAULT_MAX_FRAMES,
+    UnroutableError,
+    ZMTPRouterFactory,
+    describe,
+)
 
 log = Logger()
 
@@ -63,6 +69,8 @@ class EMQPService:
         drain_timeout: float = 10.0,
         dead_letter: bytes = b"",
         on_disconnect: Callable[[], Any] | None = None,
+        max_frames: int = DEFAULT_MAX_FRAMES,
+        limits: Limits | None = None,
     ) -> None:
         from mqserver.protocols.emqp.admin import AdminHandler
         from mqserver.protocols.emqp.backend import BackendHandler
@@ -70,19 +78,23 @@ class EMQPService:
 
         self.broker = broker
         self.clock = broker.clock
+        self.limits = limits or Limits()
         self.heartbeat_interval = heartbeat_interval
         self.peer_timeout = peer_timeout
         self.drain_timeout = drain_timeout
         self.dead_letter = dead_letter
         self.on_disconnect = on_disconnect
         self.frontend = ZMTPRouterFactory(
-            FrontendHandler(self), "emqp", max_message_size, clock=self.clock
+            FrontendHandler(self), "emqp", max_message_size, clock=self.clock,
+            max_frames=max_frames,
         )
         self.backend = ZMTPRouterFactory(
-            BackendHandler(self), "emqp-backend", max_message_size, clock=self.clock
+            BackendHandler(self), "emqp-backend", max_message_size, clock=self.clock,
+            max_frames=max_frames,
         )
         self.admin = ZMTPRouterFactory(
-            AdminHandler(self), "emqp-admin", max_message_size, clock=self.clock
+            AdminHandler(self), "emqp-admin", max_message_size, clock=self.clock,
+            max_frames=max_frames,
         )
         self.workers: dict[bytes, Worker] = {}
         self.schedulers: dict[bytes, Peer] = {}

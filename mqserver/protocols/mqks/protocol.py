@@ -20,6 +20,7 @@ from zope.interface import implementer
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
+from mqserver.limits import Limits
 from mqserver.model import Message
 from mqserver.protocols.mqks import codec
 from mqserver.protocols.mqks.codec import MQKSError
@@ -32,9 +33,12 @@ log = Logger()
 class MQKSFactory(Factory):
     """Shared by every MQKS connection: consumer ids are global, as in the original."""
 
-    def __init__(self, broker: Any, max_line: int = 16 * 1024 * 1024) -> None:
+    def __init__(
+        self, broker: Any, max_line: int = 16 * 1024 * 1024, limits: Limits | None = None
+    ) -> None:
         self.broker = broker
         self.max_line = max_line
+        self.limits = limits or Limits()
         self.consumers: dict[bytes, Consumer] = {}
         self.workers: list[str] = []
 
@@ -58,6 +62,7 @@ class MQKSProtocol(Protocol):
         self.factory = factory
         self.broker = factory.broker
         self.max_line = factory.max_line
+        self.limits = factory.limits
         self.connection: Any = None
         self._pending: list[bytes] = []
         self._pending_size = 0
@@ -168,6 +173,12 @@ class MQKSProtocol(Protocol):
             self._error(b"None", "a request needs an id, an action and data")
             return
         request_id, action, data = parts
+        try:
+            self.limits.check_id(request_id, "request id", MQKSError)
+        except MQKSError as e:
+            # not echoed: the id itself is what is wrong (too long, control characters)
+            self._error(b"None", str(e))
+            return
         handler = self._actions.get(action)
         if handler is None:
             self._error(request_id, f"unknown action {action!r}")
@@ -179,6 +190,13 @@ class MQKSProtocol(Protocol):
         except Exception:
             log.failure("mqks {action} failed", action=action)
             self._error(request_id, "internal error")
+
+    def _names(self, *groups: list[bytes]) -> None:
+        """Queue and event names (and masks) obey ``--max-name-bytes`` and its characters."""
+        check = self.limits.check_name
+        for group in groups:
+            for name in group:
+                check(name, "name", MQKSError)
 
     def _line_too_long(self) -> None:
         self._pending = []
@@ -258,6 +276,7 @@ class MQKSProtocol(Protocol):
         event, _, body = data.partition(b" ")
         if not event or not body:
             raise MQKSError("publish needs an event and data")
+        self._names([event])
         self.broker.flow.publishing(self)
         self.broker.publish_event(event, request_id, body, None, None, "mqks")
         if confirm:
@@ -265,6 +284,7 @@ class MQKSProtocol(Protocol):
 
     def _consume(self, consumer_id: bytes, data: bytes) -> None:
         args = codec.parse_consume(data)
+        self._names([args.queue], args.replace, args.add)
         broker = self.broker
         old = self.factory.consumer(consumer_id)
         if old is not None:
@@ -291,6 +311,7 @@ class MQKSProtocol(Protocol):
 
     def _rebind(self, request_id: bytes, data: bytes) -> None:
         args = codec.parse_rebind(data)
+        self._names([args.queue], args.replace, args.remove, args.remove_mask, args.add)
         if args.remove_all:
             self.broker.reconfigure(args.queue, remove=self.broker.bindings.events_of(args.queue))
         else:
@@ -306,6 +327,9 @@ class MQKSProtocol(Protocol):
 
     def _settle(self, request_id: bytes, data: bytes, one: Any, every: Any) -> None:
         confirm, consumer_id, message_id = codec.parse_settle(data)
+        self.limits.check_id(consumer_id, "consumer id", MQKSError)
+        if message_id != codec.ALL:
+            self.limits.check_id(message_id, "message id", MQKSError)
         consumer = self.factory.consumer(consumer_id)
         if consumer is None:
             return  # the original answers nothing here, even with --confirm
@@ -324,6 +348,7 @@ class MQKSProtocol(Protocol):
 
     def _delete_consumer(self, request_id: bytes, data: bytes) -> None:
         confirm, consumer_id = codec.parse_single(data, "consumer id")
+        self.limits.check_id(consumer_id, "consumer id", MQKSError)
         consumer = self.factory.consumer(consumer_id)
         if consumer is None:
             return
@@ -334,6 +359,7 @@ class MQKSProtocol(Protocol):
 
     def _delete_queue(self, request_id: bytes, data: bytes) -> None:
         confirm, queue = codec.parse_single(data, "queue")
+        self._names([queue])
         self.broker.delete_queue(queue)
         if confirm:
             self._confirm(request_id)

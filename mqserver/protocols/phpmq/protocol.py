@@ -22,6 +22,7 @@ from zope.interface import implementer
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
+from mqserver.limits import Limits
 from mqserver.model import Message, QueueOptions, new_message_id
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import (
@@ -65,9 +66,11 @@ class PHPMQFactory(Factory):
         max_content: int = codec.DEFAULT_MAX_CONTENT,
         dead_letter_suffix: bytes = b"",
         revision: int | None = None,
+        limits: Limits | None = None,
     ) -> None:
         self.broker = broker
         self.max_content = max_content
+        self.limits = limits or Limits()
         self.dead_letter_suffix = dead_letter_suffix
         self.revision = revision
 
@@ -162,6 +165,7 @@ class PHPMQProtocol(Protocol):
                         f"message type {frame.type:03d} "
                         f"({codec.TYPE_NAMES[frame.type]}) is only sent by servers"
                     )
+                self._check(frame.packages)
                 if self._detect and frame.revision == 2018:
                     self._detect = False
                     self.revision = 2018
@@ -172,6 +176,15 @@ class PHPMQProtocol(Protocol):
         except Exception:
             log.failure("phpmq connection {id}: handling a frame failed", id=self.connection.id)
             self._close("internal error")
+
+    def _check(self, packages: dict[int, bytes]) -> None:
+        """The queue name and message id obey the server's limits (``mqserver.limits``);
+        the original took any bytes, but a name other protocols cannot show is refused."""
+        limits = self.factory.limits
+        if QUEUE in packages:
+            limits.check_name(packages[QUEUE], "queue name", PHPMQError)
+        if MESSAGE_ID in packages:
+            limits.check_id(packages[MESSAGE_ID], "message id", PHPMQError)
 
     def _close(self, reason: str) -> None:
         """Drop the connection (the only error report PHPMQ has) and say why in the log.

@@ -1,0 +1,84 @@
+# -*- test-case-name: tests.unit.test_limits -*-
+"""Rules for names, ids and header counts that every protocol applies at its edge.
+
+The original servers took any bytes of any length as a queue name or an id
+(PHPMQ's VARCHAR(50) was never enforced, MQKS only splits on spaces).  A
+broker shared by several protocols and an HTTP API needs one rule, checked
+before anything reaches the core: a name that one protocol let in must be
+one the others can show, log and look up.  So names and ids are non-empty,
+at most ``max_name``/``max_id`` bytes (255 by default, AMQP's limit for queue
+names) and free of ASCII control characters (NUL, tab, CR, LF, ..., DEL),
+which no protocol can carry everywhere and which would forge log lines.
+Any other byte, UTF-8 or not, is allowed, as in the originals.
+
+Each protocol reports a broken rule its own way (an MQKS error reply, an
+HTTP 400, a closed PHPMQ connection, a dropped eMQP message), so the checks
+take the exception type to raise.  This module imports nothing from the
+broker core or the protocols, and the core does not import it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_MAX_NAME = 255
+DEFAULT_MAX_ID = 255
+DEFAULT_MAX_HEADERS = 64
+
+_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
+
+ErrorFactory = Callable[[str], Exception]
+
+
+class LimitError(ValueError):
+    """A name, id or header count broke the rules (when the caller named no other error)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """The limits one server runs with (``--max-name-bytes``, ``--max-id-bytes``,
+    ``--max-headers``)."""
+
+    max_name: int = DEFAULT_MAX_NAME
+    max_id: int = DEFAULT_MAX_ID
+    max_headers: int = DEFAULT_MAX_HEADERS
+
+    @classmethod
+    def from_config(cls, config: Mapping[str, Any]) -> Limits:
+        """From twistd options; a config without them (a third-party caller) gets the defaults."""
+        return cls(
+            max_name=int(config.get("max-name-bytes") or DEFAULT_MAX_NAME),
+            max_id=int(config.get("max-id-bytes") or DEFAULT_MAX_ID),
+            max_headers=int(config.get("max-headers") or DEFAULT_MAX_HEADERS),
+        )
+
+    def check_name(
+        self, value: bytes, what: str = "queue name", error: ErrorFactory = LimitError
+    ) -> bytes:
+        """``value`` if it is a valid queue or event name (or mask), else raise ``error``."""
+        return _check(value, what, self.max_name, error)
+
+    def check_id(self, value: bytes, what: str = "id", error: ErrorFactory = LimitError) -> bytes:
+        """``value`` if it is a valid message, request or consumer id, else raise ``error``."""
+        return _check(value, what, self.max_id, error)
+
+    def check_headers(
+        self, count: int, what: str = "headers", error: ErrorFactory = LimitError
+    ) -> None:
+        """Raise ``error`` if a message carries more than ``max_headers`` header fields."""
+        if count > self.max_headers:
+            raise error(f"{count} {what}; at most {self.max_headers} are allowed")
+
+
+def _check(value: bytes, what: str, limit: int, error: ErrorFactory) -> bytes:
+    if not value:
+        raise error(f"empty {what}")
+    if len(value) > limit:
+        raise error(f"{what} of {len(value)} bytes; at most {limit} are allowed")
+    bad = _CONTROL.search(value)
+    if bad is not None:
+        raise error(f"{what} contains the control character {bad.group()!r}")
+    return value
