@@ -44,7 +44,8 @@ setup(
         "twisted.plugins",
     ],
     install_requires=[
-        "Twisted>=24.7",
+        # [tls]: pyOpenSSL and service_identity, for ssl: listener endpoints
+        "Twisted[tls]>=24.7",
         "zope.interface>=6",
         "sqlite-utils>=3.36",
         "treq>=23.11",
@@ -64,6 +65,8 @@ setup(
             "atheris>=2.3",
             "selenium>=4.10",
             "pyzmq>=25",
+            # property-based tests of the served OpenAPI spec (tests/integration)
+            "schemathesis>=4",
             "ruff>=0.6",
             "setuptools>=68",
             "wheel",

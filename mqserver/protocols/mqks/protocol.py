@@ -22,6 +22,7 @@ from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.limits import Limits
 from mqserver.model import Message
+from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.mqks import codec
 from mqserver.protocols.mqks.codec import MQKSError
 from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
@@ -57,7 +58,9 @@ class MQKSFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class MQKSProtocol(Protocol):
+class MQKSProtocol(Backpressure, Protocol):
+    """One MQKS client; ``Backpressure`` pauses its deliveries while it cannot take them."""
+
     def __init__(self, factory: MQKSFactory) -> None:
         self.factory = factory
         self.broker = factory.broker
@@ -107,16 +110,6 @@ class MQKSProtocol(Protocol):
             id=self.connection.id,
             reason=reason.getErrorMessage(),
         )
-
-    # IPushProducer: the transport's buffer is full or drained
-    def pauseProducing(self) -> None:
-        self.broker.pause(self.connection)
-
-    def resumeProducing(self) -> None:
-        self.broker.resume(self.connection)
-
-    def stopProducing(self) -> None:
-        pass
 
     # IFlowControlled: the memory alarm stops reading from publishers
     def pause_reading(self) -> None:
@@ -218,6 +211,7 @@ class MQKSProtocol(Protocol):
         if self._out:
             out, self._out = self._out, []
             self.transport.write(b"".join(out))
+            self._output_flushed()
 
     def _error(self, request_id: bytes, detail: str) -> None:
         eid = codec.error_id(self.broker.clock.seconds())
@@ -250,7 +244,9 @@ class MQKSProtocol(Protocol):
     # -- IDeliverySink ------------------------------------------------------
 
     def deliver(self, consumer: Consumer, message: Message) -> None:
-        self._write(codec.delivery(consumer.id, message))
+        data = codec.delivery(consumer.id, message)
+        self._write(data)
+        self._count_output(len(data))
 
     def queue_changed(self, consumer: Consumer) -> None:
         queue = consumer.queue

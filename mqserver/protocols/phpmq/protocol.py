@@ -24,6 +24,7 @@ from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.limits import Limits
 from mqserver.model import Message, QueueOptions, new_message_id
+from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import (
     ACK,
@@ -81,7 +82,9 @@ class PHPMQFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class PHPMQProtocol(Protocol):
+class PHPMQProtocol(Backpressure, Protocol):
+    """One PHPMQ client; ``Backpressure`` pauses its dispatches while it cannot take them."""
+
     def __init__(self, factory: PHPMQFactory) -> None:
         self.factory = factory
         self.broker = factory.broker
@@ -125,17 +128,6 @@ class PHPMQProtocol(Protocol):
             id=self.connection.id,
             reason=reason.getErrorMessage(),
         )
-
-    # IPushProducer: the transport's buffer is full or drained
-    def pauseProducing(self) -> None:
-        self.broker.pause(self.connection)
-
-    def resumeProducing(self) -> None:
-        if not self._closing:
-            self.broker.resume(self.connection)
-
-    def stopProducing(self) -> None:
-        pass
 
     # IFlowControlled: the memory alarm stops reading from publishers
     def pause_reading(self) -> None:
@@ -289,9 +281,11 @@ class PHPMQProtocol(Protocol):
     def deliver(self, consumer: Consumer, message: Message) -> None:
         if self.revision == 2018:
             ttl = codec.remaining_ttl(message.expires_at, self.broker.clock.seconds())
-            self._write(codec.dispatch(message.queue, message.body, message.id, ttl))
+            data = codec.dispatch(message.queue, message.body, message.id, ttl)
         else:
-            self._write(codec.dispatch(message.queue, message.body, message.id))
+            data = codec.dispatch(message.queue, message.body, message.id)
+        self._write(data)
+        self._count_output(len(data))
 
     def queue_changed(self, consumer: Consumer) -> None:
         """PHPMQ cannot tell a client anything; only forget a consumer whose queue
@@ -318,6 +312,7 @@ class PHPMQProtocol(Protocol):
         if self._out:
             out, self._out = self._out, []
             self.transport.write(b"".join(out))
+            self._output_flushed()
 
     def _cancel_flush(self) -> None:
         if self._flush_call is not None and self._flush_call.active():
