@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SOURCES := setup.py $(shell find mqserver twisted -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: run test lint wheel-test docs clean
+.PHONY: run test lint wheel-test docs clean bench-setup bench
 
 # Strict editable mode links every file into a tree twistd can scan for
 # plugins; the default (lenient) mode hides twisted/plugins from it.  Strict
@@ -39,6 +39,19 @@ test: $(VENV)/.installed $(EVENTMQ_VENV)/.installed
 # in tests/test_docs.py) rather than on a reader.
 docs: $(VENV)/.installed
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
+
+# The benchmark suite's peers (docs/performance.md): Debian's beanstalkd and
+# redis-server, installed without their services running (the bench starts
+# its own on loopback ports).  `make bench` runs the whole suite.
+bench-setup:
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    beanstalkd redis-server && \
+	{ $$sudo systemctl disable --now beanstalkd redis-server 2>/dev/null || \
+	  { $$sudo service beanstalkd stop; $$sudo service redis-server stop; } 2>/dev/null || true; }
+
+bench: $(VENV)/.installed
+	$(BIN)/python -m bench --markdown bench-latest.md --json bench-latest.json
 
 wheel-test:
 	$(BIN)/python -m tox

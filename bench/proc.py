@@ -1,0 +1,95 @@
+"""Processes under test: start, wait for a port, read CPU and RSS, stop by PID.
+
+Every server the bench runs (mqserver, beanstalkd, redis-server) is one
+child process on 127.0.0.1 with its output in a log file (a pipe nobody
+reads would block a chatty server), stopped by its own PID, never by name.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Server:
+    """A started child process with a log file and the ports it listens on."""
+
+    def __init__(self, name: str, argv: list[str], workdir: Path) -> None:
+        self.name = name
+        self.workdir = workdir
+        self.log_path = workdir / f"{name}.log"
+        self.ports: dict[str, int] = {}
+        with open(self.log_path, "wb") as log:
+            self.process = subprocess.Popen(argv, cwd=workdir, stdout=log,
+                                            stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def wait_for_log(self, pattern: re.Pattern[str], count: int = 1,
+                     timeout: float = 30.0) -> list[re.Match[str]]:
+        """Wait until the log holds ``count`` matches of ``pattern`` (the
+        "listening on" lines), failing early if the process died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            matches = list(pattern.finditer(self.log_text()))
+            if len(matches) >= count:
+                return matches
+            if self.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"{self.name} did not start:\n{self.log_text()[-2000:]}")
+            time.sleep(0.05)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the process (all its threads) so far."""
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+    def rss_bytes(self) -> int:
+        """Resident set size now."""
+        with open(f"/proc/{self.pid}/statm") as statm:
+            return int(statm.read().split()[1]) * PAGE
+
+    def stop(self) -> None:
+        """SIGTERM this PID, then SIGKILL if it has not exited in 10 s."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def free_port() -> int:
+    """An ephemeral loopback port that was free a moment ago (for servers
+    that cannot listen on port 0 and report the port chosen)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_port(server: Server, port: int, timeout: float = 30.0) -> None:
+    """Wait until ``port`` accepts connections."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return
+        except OSError:
+            if server.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{server.name} did not listen on {port}:\n{server.log_text()[-2000:]}"
+                ) from None
+            time.sleep(0.05)

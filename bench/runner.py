@@ -1,0 +1,160 @@
+"""Runs the workloads over the systems: rounds interleaved, servers shared and stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mqserver
+from bench import workloads
+from bench.peers import PEERS, missing, start_peer, version
+from bench.proc import Server
+from bench.servers import start_mqserver
+from bench.systems import System, all_systems, workload_systems
+
+WORKLOADS = ("w1", "w2", "paced", "memory")
+
+
+@dataclass
+class Options:
+    """What to run; ``python -m bench --help`` explains each."""
+
+    messages: int = 200_000
+    size: int = 100
+    rounds: int = 3
+    paced_messages: int = 30_000
+    paced_rate: float = 10_000.0
+    memory_messages: int = 1_000_000
+    http_scale: float = 0.05
+    workloads: tuple[str, ...] = WORKLOADS
+    only: str = ""  #: regular expression on system names
+    verbose: bool = True
+
+
+class Fleet:
+    """The long-running servers, started on first use and stopped together."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.workdir = workdir
+        self.servers: dict[str, Server] = {}
+
+    def get(self, name: str) -> Server:
+        if name not in self.servers:
+            self.servers[name] = start(name, self.workdir / name)
+        return self.servers[name]
+
+    def stop(self) -> None:
+        for server in self.servers.values():
+            server.stop()
+        self.servers.clear()
+
+
+def start(name: str, workdir: Path) -> Server:
+    return start_peer(name, workdir) if name in PEERS else start_mqserver(name, workdir)
+
+
+def run(options: Options) -> dict[str, Any]:
+    """Every selected workload over every selected system; the raw rounds and what was skipped."""
+    systems = [s for s in all_systems(options.http_scale) if re.search(options.only, s.name)]
+    skipped = {s.name: reason for s in systems if s.peer and (reason := missing(s.server))}
+    systems = [s for s in systems if s.name not in skipped]
+    rounds: list[dict[str, Any]] = []
+    errors: list[dict[str, str]] = []
+    started = time.time()
+    with tempfile.TemporaryDirectory(prefix="mqserver-bench-") as tmp:
+        workdir = Path(tmp)
+        fleet = Fleet(workdir / "fleet")
+        try:
+            for workload in options.workloads:
+                chosen = workload_systems(workload, systems)
+                for number in range(1 if workload == "memory" else options.rounds):
+                    for system in chosen:
+                        try:
+                            figures = one(workload, system, number, options, fleet, workdir)
+                        except Exception as e:
+                            errors.append({"workload": workload, "system": system.name,
+                                           "round": str(number), "error": last_line(e),
+                                           "traceback": traceback.format_exc()})
+                            say(options, f"{workload} {system.name} round {number}: "
+                                         f"FAILED {errors[-1]['error']}")
+                            continue
+                        rounds.append({"workload": workload, "system": system.name,
+                                       "round": number, **figures})
+                        say(options, f"{workload} {system.name} round {number}: "
+                                     + brief(figures))
+        finally:
+            fleet.stop()
+    return {"meta": meta(options, time.time() - started), "skipped": skipped,
+            "rounds": rounds, "errors": errors}
+
+
+def one(workload: str, system: System, number: int, options: Options, fleet: Fleet,
+        workdir: Path) -> dict[str, Any]:
+    queue = f"{workload}-r{number}-{system.name.split('/')[0]}"
+    if workload == "memory":
+        server = start(system.server, workdir / f"memory-{system.name.replace('/', '-')}")
+        try:
+            return workloads.memory(system.client, server, queue, options.memory_messages,
+                                    options.size)
+        finally:
+            server.stop()
+    server = fleet.get(system.server)
+    if workload == "paced":
+        return workloads.paced(system.client, server, queue, options.paced_messages,
+                               options.size, options.paced_rate)
+    count = max(1, int(options.messages * system.scale))
+    run_round = workloads.w1 if workload == "w1" else workloads.w2
+    return run_round(system.client, server, queue, count, options.size)
+
+
+def brief(figures: dict[str, Any]) -> str:
+    if "rss" in figures:
+        return f"RSS {figures['rss'] / 1e6:.0f} MB"
+    if "p50_ms" in figures:
+        return f"p50 {figures['p50_ms']:.3f} ms p99 {figures['p99_ms']:.3f} ms"
+    return f"{figures['count'] / figures['wall']:,.0f} msgs/s"
+
+
+def last_line(error: Exception) -> str:
+    """The gist of an error whose text may end with a server's traceback."""
+    lines = str(error).strip().splitlines() or [repr(error)]
+    return lines[-1]
+
+
+def say(options: Options, line: str) -> None:
+    if options.verbose:
+        print(line, flush=True)
+
+
+def meta(options: Options, elapsed: float) -> dict[str, Any]:
+    return {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "machine": f"{platform.machine()}, {cpu_model()}, {cpu_count()} CPUs, {platform.system()} "
+                   f"{platform.release()}",
+        "python": platform.python_version(),
+        "mqserver": mqserver.__version__,
+        "peers": {binary: version(binary) for binary in ("beanstalkd", "redis-server")},
+        "options": {k: v for k, v in vars(options).items() if k != "verbose"},
+        "elapsed_s": round(elapsed, 1),
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0))

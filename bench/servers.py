@@ -1,0 +1,50 @@
+"""mqserver under test: every protocol on ephemeral loopback ports, one storage setup.
+
+One server per storage setup (memory, memory with the journal, sqlite, log
+with ``interval:50`` and ``always``) serves MQKS, PHPMQ, eMQP and HTTP at
+once; the rounds of each protocol take turns on it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from bench.proc import Server
+
+LISTENING = re.compile(r"\] ([\w-]+) listening on [\d.]+:(\d+)")
+LABELS = ("mqks", "phpmq", "emqp", "emqp-backend", "emqp-admin", "http")
+TOKEN = "bench-token"
+
+#: storage setup name -> twistd storage options (``journal`` adds ``--journal``).
+STORAGES: dict[str, list[str]] = {
+    "memory": ["--storage=memory"],
+    "memory+journal": ["--storage=memory"],
+    "sqlite": ["--storage=sqlite", "--sqlite-sync=full"],
+    "log-interval": ["--storage=log", "--fsync=interval:50"],
+    "log-always": ["--storage=log", "--fsync=always"],
+}
+
+
+def start_mqserver(storage: str, workdir: Path) -> Server:
+    """Start ``twistd -n mqserver`` for ``storage`` in ``workdir`` and learn its ports."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
+    any_port = "tcp:0:interface=127.0.0.1"
+    argv = [twistd, "-n", "--pidfile=", "mqserver",
+            f"--protocol=mqks:{any_port}", f"--protocol=phpmq:{any_port}",
+            f"--protocol=emqp:{any_port}", f"--emqp-backend={any_port}",
+            f"--emqp-admin={any_port}", f"--http={any_port}", f"--http-token={TOKEN}",
+            f"--data-dir={workdir}/data", *STORAGES[storage]]
+    if storage.endswith("+journal"):
+        argv.append(f"--journal={workdir}/journal")
+    server = Server(f"mqserver-{storage}", argv, workdir)
+    try:
+        matches = server.wait_for_log(LISTENING, count=len(LABELS))
+    except RuntimeError:
+        server.stop()
+        raise
+    server.ports = {m.group(1): int(m.group(2)) for m in matches}
+    return server

@@ -1,0 +1,165 @@
+"""The workloads, one round each: W1 (W3 on a durable backend), W2, paced latency, memory.
+
+Every round gets a fresh queue and fresh client connections, measures wall
+time with ``perf_counter``, the client's CPU (``getrusage``: every thread
+of this process, pyzmq's I/O thread included) and the server's (from
+``/proc``), and checks that every message came back.
+"""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from bench.clients import CHUNK, LoadClient, bodies, stamp, stamped_at
+from bench.proc import Server
+
+ClientFactory = Callable[[dict[str, int], str], LoadClient]
+WARM_UP = 0.02  #: share of the paced messages left out of the latency figures
+
+
+def cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+class Meter:
+    """Wall, client CPU and server CPU from construction to ``finish``."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.server_cpu = server.cpu_seconds()
+        self.client_cpu = cpu()
+        self.started = time.perf_counter()
+
+    def finish(self, **figures: Any) -> dict[str, Any]:
+        wall = time.perf_counter() - self.started
+        return {"wall": wall, "client_cpu": cpu() - self.client_cpu,
+                "server_cpu": self.server.cpu_seconds() - self.server_cpu, **figures}
+
+
+def encoded(client: LoadClient, count: int, size: int) -> list[Any]:
+    payload = bodies(count, size)
+    return [client.encode(payload[n:n + CHUNK]) for n in range(0, count, CHUNK)]
+
+
+def w1(make: ClientFactory, server: Server, queue: str, count: int, size: int) -> dict[str, Any]:
+    """Publish ``count`` messages pipelined on one connection, then drain and
+    ack them on another."""
+    client = make(server.ports, queue)
+    try:
+        chunks = encoded(client, count, size)
+        meter = Meter(server)
+        for chunk in chunks:
+            client.send(chunk)
+        client.flush()
+        produced = time.perf_counter() - meter.started
+        received = client.consume(count)
+        result = meter.finish(count=count, received=received, produce=produced)
+    finally:
+        client.close()
+    result["drain"] = result["wall"] - produced
+    return result
+
+
+class Consumer(threading.Thread):
+    """``client.consume`` in a thread, so a producer can run at the same time."""
+
+    def __init__(self, client: LoadClient, count: int, latencies: list[int] | None) -> None:
+        super().__init__(daemon=True)
+        self.client, self.count, self.latencies = client, count, latencies
+        self.received = 0
+        self.error: BaseException | None = None
+        self.done = 0.0
+
+    def seen(self, found: list[bytes]) -> None:
+        now = time.perf_counter_ns()
+        assert self.latencies is not None
+        self.latencies.extend(now - stamped_at(body) for body in found)
+
+    def run(self) -> None:
+        try:
+            self.received = self.client.consume(
+                self.count, None if self.latencies is None else self.seen)
+        except BaseException as e:  # reported by the producer side
+            self.error = e
+        self.done = time.perf_counter()
+
+    def result(self) -> int:
+        self.join()
+        if self.error is not None:
+            raise self.error
+        return self.received
+
+
+def w2(make: ClientFactory, server: Server, queue: str, count: int, size: int) -> dict[str, Any]:
+    """Producer and consumer at once: end-to-end msgs/s."""
+    client = make(server.ports, queue)
+    try:
+        chunks = encoded(client, count, size)
+        consumer = Consumer(client, count, None)
+        meter = Meter(server)
+        consumer.start()
+        for chunk in chunks:
+            client.send(chunk)
+        client.flush()
+        received = consumer.result()
+        result = meter.finish(count=count, received=received)
+    finally:
+        client.close()
+    result["wall"] = consumer.done - meter.started
+    return result
+
+
+def paced(make: ClientFactory, server: Server, queue: str, count: int, size: int,
+          rate: float) -> dict[str, Any]:
+    """Publish at ``rate`` msgs/s, each body stamped with its send time; the
+    consumer's receive time minus the stamp is the latency."""
+    client = make(server.ports, queue)
+    latencies: list[int] = []
+    try:
+        consumer = Consumer(client, count, latencies)
+        meter = Meter(server)
+        consumer.start()
+        sent = 0
+        while sent < count:
+            due = min(count, int((time.perf_counter() - meter.started) * rate) + 1)
+            if due > sent:
+                client.send(client.encode([stamp(size) for _ in range(due - sent)]))
+                sent = due
+            else:
+                time.sleep(max(0.0, meter.started + sent / rate - time.perf_counter()))
+        client.flush()
+        received = consumer.result()
+        result = meter.finish(count=count, received=received)
+    finally:
+        client.close()
+    kept = sorted(latencies[int(len(latencies) * WARM_UP):])
+    result["p50_ms"] = kept[len(kept) // 2] / 1e6
+    result["p99_ms"] = kept[min(len(kept) - 1, int(len(kept) * 0.99))] / 1e6
+    result["mean_ms"] = statistics.fmean(kept) / 1e6
+    return result
+
+
+def memory(make: ClientFactory, server: Server, queue: str, count: int,
+           size: int) -> dict[str, Any]:
+    """RSS of ``server`` (fresh) before and after it takes ``count`` ready messages."""
+    before = server.rss_bytes()
+    client = make(server.ports, queue)
+    try:
+        meter = Meter(server)
+        for n in range(0, count, 100 * CHUNK):
+            for chunk in encoded(client, min(100 * CHUNK, count - n), size):
+                client.send(chunk)
+        client.flush()
+        time.sleep(1.0)  # let a durable backend's last batch settle
+        result = meter.finish(count=count)
+    finally:
+        client.close()
+    result["rss_before"] = before
+    result["rss"] = server.rss_bytes()
+    return result

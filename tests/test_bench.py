@@ -1,0 +1,62 @@
+"""The benchmark suite's quick mode, end to end, so it cannot rot.
+
+Real servers (every protocol on every storage setup) and the peers that are
+installed (beanstalkd, redis-server: ``make bench-setup``; a missing one is
+skipped by the bench, which says why).  No timing assertions: only that
+every workload produced positive figures and every message came back.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always")
+PEERS = {"beanstalkd": "beanstalkd", "beanstalkd-b": "beanstalkd", "beanstalkd-b-f0": "beanstalkd",
+         "redis": "redis-server", "redis-aof-everysec": "redis-server",
+         "redis-aof-always": "redis-server"}
+#: workload -> the systems it runs (W1 also runs every protocol on every storage setup)
+EXPECTED = {
+    "w1": {f"{p}/{s}" for p in ("mqks", "phpmq", "emqp", "http") for s in STORAGES} | set(PEERS),
+    "w2": {"mqks/memory", "phpmq/memory", "emqp/memory", "http/memory", "beanstalkd", "redis"},
+    "paced": {"mqks/memory", "phpmq/memory", "emqp/memory", "beanstalkd", "redis"},
+    "memory": {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"},
+}
+
+
+def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
+    out, md = tmp_path / "bench.json", tmp_path / "bench.md"
+    run = subprocess.run(
+        [sys.executable, "-m", "bench", "--quick", "--json", str(out), "--markdown", str(md)],
+        cwd=ROOT, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["errors"] == []
+
+    missing = {peer for peer, binary in PEERS.items() if shutil.which(binary) is None}
+    assert set(result["skipped"]) == missing
+    assert all("not installed" in reason for reason in result["skipped"].values())
+
+    summary = result["summary"]
+    for workload, expected in EXPECTED.items():
+        assert set(summary[workload]) == expected - missing, workload
+        for system, figures in summary[workload].items():
+            cpu = {name: figures.pop(name) for name in ("client_cpu", "server_cpu")}
+            assert all(value > 0 for value in figures.values()), (workload, system, figures)
+            assert all(value >= 0 for value in cpu.values()), (workload, system, cpu)
+    for r in result["rounds"]:
+        if "received" in r:
+            assert r["received"] == r["count"], r
+        else:
+            assert r["workload"] == "memory" and r["rss"] > r["rss_before"] > 0, r
+
+    assert len(result["targets"]) == 12
+    measured = {t["target"] for t in result["targets"] if t["met"] is not None}
+    assert any("MQKS memory W1 total" in name for name in measured)
+    assert "### Targets (same-run ratios)" in md.read_text()
+    assert "Targets (same-run ratios)" in run.stdout
