@@ -25,14 +25,18 @@ from __future__ import annotations
 
 import os
 import struct
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
+from twisted.internet.interfaces import IPushProducer
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.internet.protocol import Protocol as TwistedProtocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
+from mqserver.interfaces import IFlowControlled
 from mqserver.zmtp import codec
 from mqserver.zmtp.codec import COMMAND, LONG, MORE, ZMTPError
 
@@ -102,6 +106,9 @@ class ZMTPRouterFactory(Factory):
         self.peer_types = peer_types
         self.peers: dict[bytes, ZMTPConnection] = {}
         self.connections: set[ZMTPConnection] = set()
+        # called (connection, paused) when a peer's transport fills up or drains;
+        # the application decides what a slow peer means (see ZMTPConnection)
+        self.on_flow: Callable[[ZMTPConnection, bool], None] | None = None
         self._next_id = struct.unpack(">I", os.urandom(4))[0]
 
     def buildProtocol(self, addr: Any) -> ZMTPConnection:
@@ -154,8 +161,16 @@ class ZMTPRouterFactory(Factory):
         return DeferredList(waits) if waits else succeed(None)
 
 
+@implementer(IPushProducer, IFlowControlled)
 class ZMTPConnection(TwistedProtocol):
-    """One peer: greeting, NULL handshake, then multipart messages."""
+    """One peer: greeting, NULL handshake, then multipart messages.
+
+    Backpressure: the connection is its transport's streaming producer, so
+    ``paused`` is True while the peer is not reading what we write (the
+    transport's buffer is over its high-water mark) and ``factory.on_flow``
+    is told.  Reading can be held for several reasons at once (the memory
+    alarm, a full outgoing buffer); it resumes when none is left.
+    """
 
     factory: ZMTPRouterFactory
 
@@ -172,11 +187,14 @@ class ZMTPConnection(TwistedProtocol):
         self._lost = False
         self._waiters: list[Deferred[None]] = []
         self._handshake_timer: Any = None
+        self.paused = False
+        self._holds: set[str] = set()
 
     def connectionMade(self) -> None:
         address = self.transport.getPeer()
         self.peer = f"{getattr(address, 'host', address)}:{getattr(address, 'port', '')}"
         self.factory.connections.add(self)
+        self.transport.registerProducer(self, True)
         self.transport.write(codec.greeting())
         if self.factory.clock is not None:
             # a peer that never finishes the handshake must not hold a socket forever
@@ -201,8 +219,48 @@ class ZMTPConnection(TwistedProtocol):
         self._waiters.append(waiter)
         if self._state != _CLOSED:
             self._state = _CLOSED
+            # a paused producer would keep the transport open once it drained
+            self.transport.unregisterProducer()
             self.transport.loseConnection()
         return waiter
+
+    # -- flow control ---------------------------------------------------------
+
+    def pauseProducing(self) -> None:
+        """IPushProducer: our writes to the peer back up."""
+        self.paused = True
+        self._flow(True)
+
+    def resumeProducing(self) -> None:
+        self.paused = False
+        self._flow(False)
+
+    def stopProducing(self) -> None:
+        """The transport is going away; ``connectionLost`` cleans up."""
+
+    def _flow(self, paused: bool) -> None:
+        on_flow = self.factory.on_flow
+        if on_flow is not None and self.identity is not None and not self._lost:
+            on_flow(self, paused)
+
+    def hold_reading(self, reason: str) -> None:
+        """Stop reading from the peer until every reason is released."""
+        if not self._holds and not self._lost:
+            self.transport.pauseProducing()
+        self._holds.add(reason)
+
+    def release_reading(self, reason: str) -> None:
+        if reason in self._holds:
+            self._holds.discard(reason)
+            if not self._holds and not self._lost:
+                self.transport.resumeProducing()
+
+    def pause_reading(self) -> None:
+        """IFlowControlled: the memory alarm."""
+        self.hold_reading("memory")
+
+    def resume_reading(self) -> None:
+        self.release_reading("memory")
 
     def send_message(self, frames: list[bytes]) -> None:
         self.transport.write(codec.encode_message(frames))

@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqserver.broker.core import Broker
+from mqserver.model import QueueOptions
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.scheduler import NAMESPACE
 from mqserver.protocols.emqp.service import EMQPService
@@ -622,3 +623,70 @@ def test_any_binary_input_never_crashes(identity, command, body, which):
     worker = h.worker(b"check", ready=2)  # a valid fuzzed REQUEST may come first
     request(h.client(), b"ok")
     assert b"ok" in [m[3] for m in worker.recv()]
+
+
+# -- overload: slow peers, full queues, the memory alarm ----------------------
+
+
+def test_a_worker_that_does_not_read_is_handed_nothing_until_it_drains(h):
+    worker = h.worker(b"w1", ready=5)
+    worker.protocol.pauseProducing()  # its transport's buffer passed the high-water mark
+    assert worker.protocol.paused
+    client = h.client()
+    for n in range(3):
+        request(client, b"r%d" % n)
+    assert worker.recv() == [] and len(h.broker.queues[b"default"].ready) == 3
+    worker.protocol.resumeProducing()
+    assert [m[3] for m in worker.recv()] == [b"r0", b"r1", b"r2"]
+
+
+def test_a_worker_informing_again_while_paused_stays_paused(h):
+    worker = h.worker(b"w1")
+    worker.protocol.pauseProducing()
+    worker.send(codec.INFORM, b"", b"worker", msgid=b"again")
+    worker.send(codec.READY)
+    request(h.client(), b"r0")
+    assert worker.commands() == [b"ACK"]  # answers still go out; requests wait
+    worker.protocol.resumeProducing()
+    assert [m[3] for m in worker.recv()] == [b"r0"]
+
+
+def test_a_client_that_does_not_read_its_answers_is_not_read(h):
+    client = h.client()
+    client.protocol.pauseProducing()
+    assert client.transport.producerState == "paused"
+    client.protocol.pause_reading()  # the memory alarm as well: both must end
+    client.protocol.resumeProducing()
+    assert client.transport.producerState == "paused"
+    client.protocol.resume_reading()
+    assert client.transport.producerState == "producing"
+
+
+def test_a_request_to_a_full_queue_gets_an_error(h):
+    h.broker.declare_queue(b"default", QueueOptions(max_length=1, overflow="reject-publish"))
+    client = h.client()
+    request(client, b"r0")
+    request(client, b"r1")
+    answers = client.recv()
+    assert answers[0][2] == b"REPLY" and answers[0][4:] == [b"r0"]
+    assert answers[1][2] == b"ERROR" and answers[1][4:6] == [b"r1", b"QueueFull"]
+    client.send(codec.PUBLISH, b"topic", b"x", msgid=b"p1")
+    h.broker.reconfigure(b"default", add=[b"topic"])
+    client.send(codec.PUBLISH, b"topic", b"x", msgid=b"p2")
+    assert [(m[2], m[4]) for m in client.recv()] == [(b"ERROR", b"p2")]
+
+
+def test_clients_that_publish_are_paused_by_the_memory_alarm(h):
+    usage = [0]
+    h.broker.flow.measure = lambda: usage[0]
+    h.broker.flow.configure(100)
+    h.broker.flow.start()
+    client, idle = h.client(), h.client(b"idle")
+    request(client, b"r0")
+    usage[0] = 200
+    h.clock.advance(1)
+    assert client.transport.producerState == "paused"
+    assert idle.transport.producerState == "producing"
+    usage[0] = 0
+    h.clock.advance(1)
+    assert client.transport.producerState == "producing"

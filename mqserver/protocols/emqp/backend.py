@@ -15,7 +15,7 @@ from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Worker
-from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.router import UnroutableError, ZMTPConnection, ZMTPRouterFactory, describe
 
 log = Logger()
 
@@ -64,11 +64,28 @@ class BackendHandler(EndpointHandler):
         if self.service.draining:
             raise EMQPError("draining after DISCONNECT")
         queues = codec.parse_worker_queues(body[0], self.service.limits)
-        self.service.register_worker(identity, queues)
+        worker = self.service.register_worker(identity, queues)
+        connection = self.service.backend.peers.get(identity)
+        if connection is not None and connection.paused:
+            self.service.broker.pause(worker.connection)
         try:
             self.service.backend.send(identity, codec.message(codec.ACK, envelope.msgid))
         except UnroutableError:
             log.debug("emqp-backend: worker {id} left before its ACK", id=describe(identity))
+
+    def router_started(self, router: ZMTPRouterFactory) -> None:
+        router.on_flow = self._flow
+        super().router_started(router)
+
+    def _flow(self, connection: ZMTPConnection, paused: bool) -> None:
+        """A worker that does not read is handed no more requests until it drains
+        (READY slots bound them too, but a worker may send many READYs)."""
+        worker = self.service.workers.get(connection.identity)  # type: ignore[arg-type]
+        if worker is not None and not worker.removed:
+            if paused:
+                self.service.broker.pause(worker.connection)
+            else:
+                self.service.broker.resume(worker.connection)
 
     def _ready(self, worker: Worker, envelope: codec.Envelope) -> None:
         if not self.service.draining:

@@ -13,11 +13,12 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from mqserver.broker.overflow import QueueFullError
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Peer
-from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.router import UnroutableError, ZMTPConnection, ZMTPRouterFactory, describe
 
 log = Logger()
 
@@ -67,6 +68,34 @@ class FrontendHandler(EndpointHandler):
                 id=describe(identity), e=e,
             )
 
+    def router_started(self, router: ZMTPRouterFactory) -> None:
+        router.on_flow = self._flow
+        super().router_started(router)
+
+    @staticmethod
+    def _flow(connection: ZMTPConnection, paused: bool) -> None:
+        """A client that does not read its answers is not read from either, so the
+        answers to its new requests cannot pile up in our buffer."""
+        if paused:
+            connection.hold_reading("answers")
+        else:
+            connection.release_reading("answers")
+
+    def _publishing(self, identity: bytes) -> None:
+        """Tell the memory alarm this client publishes (it stops reading from publishers)."""
+        connection = self.service.frontend.peers.get(identity)
+        if connection is not None:
+            self.service.broker.flow.publishing(connection)
+
+    def _refuse(self, identity: bytes, envelope: codec.Envelope, error: QueueFullError) -> None:
+        """``ERROR <new msgid> <request msgid> QueueFull <text>``, laid out like the ``REPLY``
+        and ``ACK`` that name a request: it was not stored (reject-publish)."""
+        log.warn("emqp: {cmd} {msgid!r} from {id} refused: {e}",
+                 cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
+                 id=describe(identity), e=error)
+        self._send(identity, codec.message(codec.ERROR, envelope.msgid, codec.QUEUE_FULL,
+                                           str(error).encode("utf-8")))
+
     # -- commands -----------------------------------------------------------
 
     def _accepting(self, envelope: codec.Envelope) -> bool:
@@ -82,9 +111,14 @@ class FrontendHandler(EndpointHandler):
         if not self._accepting(envelope):
             return
         request = codec.parse_request(envelope.body, self.service.limits)
-        self.service.publish_request(
-            request.queue, request.headers, request.payload, envelope.msgid, identity
-        )
+        self._publishing(identity)
+        try:
+            self.service.publish_request(
+                request.queue, request.headers, request.payload, envelope.msgid, identity
+            )
+        except QueueFullError as e:
+            self._refuse(identity, envelope, e)
+            return
         self._when_stored(identity, codec.message(codec.REPLY, envelope.msgid))
 
     def _schedule(self, identity: bytes, envelope: codec.Envelope) -> None:
@@ -113,9 +147,14 @@ class FrontendHandler(EndpointHandler):
         # eventmq sends topic, message; the spec's second form has headers between
         topic, payload = body[0], body[-1]
         fields = {"emqp-headers": codec.text(body[1])} if len(body) > 2 else None
-        count = self.service.broker.publish_event(
-            topic, envelope.msgid, payload, fields, None, "emqp"
-        )
+        self._publishing(identity)
+        try:
+            count = self.service.broker.publish_event(
+                topic, envelope.msgid, payload, fields, None, "emqp"
+            )
+        except QueueFullError as e:
+            self._refuse(identity, envelope, e)
+            return
         if not count:
             log.debug("emqp: PUBLISH on {topic!r} reached no queue", topic=topic)
 
