@@ -25,6 +25,9 @@ class MQKSProtocolPlugin:
     options = [
         ["mqks-max-line", None, 16 * 1024 * 1024,
          "MQKS: longest request line in bytes; longer ones get an error and a disconnect.", int],
+        ["mqks-idle-timeout", None, 0.0,
+         "MQKS: close a connection after this many seconds without a byte either way "
+         "(a consumer waiting on an empty queue counts as idle); 0: never.", float],
     ]
 
     def build_factory(self, broker: Any, config: Any) -> Any:
@@ -59,6 +62,9 @@ class PHPMQProtocolPlugin:
     options = [
         ["phpmq-max-content", None, 16 * 1024 * 1024,
          "PHPMQ: largest package content in bytes; a larger one closes the connection.", int],
+        ["phpmq-idle-timeout", None, 0.0,
+         "PHPMQ: close a connection after this many seconds without a byte either way; "
+         "0: never.", float],
         ["phpmq-dead-letter-suffix", None, "",
          "PHPMQ: queues named in 001/002 dead-letter (006, expiry) into NAME+SUFFIX; empty: none."],
         ["phpmq-revision", None, "auto",

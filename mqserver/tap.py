@@ -23,6 +23,7 @@ from twisted.python import usage
 
 from mqserver.broker.flow import parse_watermark, watermark_bytes
 from mqserver.broker.overflow import check_policy
+from mqserver.connlimits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PER_IP
 
 log = Logger()
 
@@ -98,6 +99,11 @@ class Options(usage.Options):
          "Stop reading from publishing connections while the server's RSS is at or above "
          "this: a fraction of RAM, bytes, or KiB/MiB/GiB; 0: off.", parse_watermark],
         ["memory-check-interval", None, 1.0, "Seconds between memory measurements.", float],
+        ["max-connections", None, DEFAULT_MAX_CONNECTIONS,
+         "Most client connections open at once, over every listener (HTTP included); "
+         "more are closed at once (MQKS gets an error line first); 0: no limit.", int],
+        ["max-connections-per-ip", None, DEFAULT_MAX_PER_IP,
+         "Most client connections open at once from one IP address; 0: no limit.", int],
         ["journal", None, None,
          "Write a journal of broker events (JSON lines) under this directory; off by "
          "default.  See docs/analytics.md."],
@@ -239,10 +245,19 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         )
         journal.setServiceParent(service)
         broker.journal = journal
+    from mqserver.connlimits import ConnectionLimits, GuardedFactory
+
+    limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"])
+
+    def guarded(factory: Any, label: str, idle: float | None = None) -> GuardedFactory:
+        return GuardedFactory(factory, limits, label, reactor, idle)
+
     extras_started: set[str] = set()
     for name, description in config["protocols"]:
         factory = _PROTOCOLS[name].build_factory(broker, config)
         endpoint = endpoints.serverFromString(reactor, description)
+        # a protocol's --NAME-idle-timeout, if it has one (eMQP has heartbeats instead)
+        factory = guarded(factory, name, config.get(f"{name}-idle-timeout"))
         Listener(name, endpoint, factory, reactor).setServiceParent(service)
         if name in extras_started:
             continue
@@ -253,7 +268,9 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         extras = extra_listeners(broker, config) if extra_listeners is not None else []
         for label, extra, extra_factory in extras:
             endpoint = endpoints.serverFromString(reactor, extra)
-            Listener(label, endpoint, extra_factory, reactor).setServiceParent(service)
+            Listener(label, endpoint, guarded(extra_factory, label), reactor).setServiceParent(
+                service
+            )
     if not config["no-http"]:
         from mqserver.limits import Limits
         from mqserver.web.app import build_site
@@ -261,5 +278,5 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         site = build_site(broker, token=config["http-token"], max_body=config["http-max-body"],
                           storage_name=config["storage"], limits=Limits.from_config(config))
         endpoint = endpoints.serverFromString(reactor, config["http"])
-        Listener("http", endpoint, site, reactor).setServiceParent(service)
+        Listener("http", endpoint, guarded(site, "http"), reactor).setServiceParent(service)
     return service

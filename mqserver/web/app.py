@@ -93,10 +93,12 @@ class APIResource(Resource):
                 "--http-token-file to allow them",
                 {"WWW-Authenticate": 'Bearer realm="mqserver"'},
             )
-        given = request.getHeader("authorization") or ""
-        scheme, _, value = given.partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(
-            value.strip().encode("utf-8", "replace"), token.encode("utf-8")
+        # bytes, not str: twisted.web decodes a str-keyed header as strict UTF-8,
+        # so a client's non-UTF-8 header would be a 500 instead of a 401
+        given = request.getHeader(b"authorization") or b""
+        scheme, _, value = given.partition(b" ")
+        if scheme.lower() != b"bearer" or not hmac.compare_digest(
+            value.strip(), token.encode("utf-8")
         ):
             raise APIError(401, "missing or wrong bearer token",
                            {"WWW-Authenticate": 'Bearer realm="mqserver", error="invalid_token"'})
@@ -150,8 +152,6 @@ class LimitedRequest(server.Request):
 
     body_too_large = False
     _received = 0
-    # twisted.web must not parse form bodies: every body here is JSON or raw
-    _parsePOSTFormSubmission = False
 
     def _limit(self) -> int:
         return getattr(getattr(self.channel, "site", None), "max_body", DEFAULT_MAX_BODY)
@@ -176,7 +176,11 @@ class APISite(server.Site):
     noisy = False
 
     def __init__(self, api: WebAPI, resource: Resource) -> None:
-        super().__init__(resource)
+        # twisted.web must not parse form bodies: every body here is JSON or raw, and
+        # its Content-Type parser raises out of dataReceived on a header holding a
+        # form feed (found by tests/fuzz/fuzz_http.py).  A class attribute on the
+        # request would not do: Request.__init__ sets it from the site.
+        super().__init__(resource, parsePOSTFormSubmission=False)
         self.api = api
         self.max_body = api.max_body
 

@@ -175,10 +175,11 @@ class Call:
 
     def is_json(self) -> bool:
         """Whether the client sent JSON (or did not say): other types are raw bodies."""
-        kind = self.request.getHeader("content-type")
-        if not kind:
+        # a bytes key: a str one makes twisted.web decode strict UTF-8 (a 500 on junk)
+        raw_kind = self.request.getHeader(b"content-type")
+        if not raw_kind:
             return True
-        kind = kind.split(";")[0].strip().lower()
+        kind = raw_kind.decode("latin-1").split(";")[0].strip().lower()
         return kind == JSON_TYPE or kind.endswith("+json")
 
     def query(self, name: str) -> str | None:

@@ -48,6 +48,13 @@ class MQKSFactory(Factory):
         protocol.factory = self
         return protocol
 
+    def refusal(self, reason: str) -> bytes:
+        """The line a connection over ``--max-connections`` gets before the close."""
+        eid = codec.error_id(self.broker.clock.seconds())
+        log.warn("mqks error {eid}: connection refused: {reason}",
+                 eid=eid.decode("ascii"), reason=reason)
+        return b"None error %s\n" % eid
+
     def consumer(self, consumer_id: bytes) -> Consumer | None:
         """The live consumer with this id (one removed by delete_queue is gone)."""
         consumer = self.consumers.get(consumer_id)

@@ -1,0 +1,147 @@
+# -*- test-case-name: tests.unit.test_connlimits -*-
+"""Connection limits (total and per IP) and idle timeouts, for every listener.
+
+``makeService`` wraps each listener's factory in a ``GuardedFactory``; all of
+them share one ``ConnectionLimits``, so ``--max-connections`` counts MQKS,
+PHPMQ, eMQP and HTTP connections together.  A connection over a limit is
+closed as soon as it is made and the refusal is logged; a protocol that can
+say why first gives its factory a ``refusal(reason) -> bytes`` method (MQKS
+answers with an error line).
+
+An idle timeout closes a connection that neither sent nor was sent a byte
+for that many seconds: a consumer that is being delivered to is busy, one
+waiting on an empty queue is idle.  The timer uses the reactor given, so
+``task.Clock`` drives it in tests.  Protocols with heartbeats of their own
+(eMQP) and HTTP (twisted.web has its own timeout) get none.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from twisted.internet.protocol import Protocol
+from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, TimeoutMixin, WrappingFactory
+from twisted.python.failure import Failure
+
+log = Logger()
+
+DEFAULT_MAX_CONNECTIONS = 10_000
+DEFAULT_MAX_PER_IP = 1_000
+
+
+class ConnectionLimits:
+    """Open connections, in total and by peer host, across every listener."""
+
+    def __init__(self, total: int = DEFAULT_MAX_CONNECTIONS,
+                 per_ip: int = DEFAULT_MAX_PER_IP) -> None:
+        self.max_total = total
+        self.max_per_ip = per_ip
+        self.total = 0
+        self.by_host: Counter[str] = Counter()
+        self.refused = 0
+
+    def admit(self, host: str) -> str | None:
+        """Count a new connection from ``host``, or return why it is refused (not counted)."""
+        if self.max_total and self.total >= self.max_total:
+            self.refused += 1
+            return f"{self.total} connections open (--max-connections {self.max_total})"
+        if self.max_per_ip and self.by_host[host] >= self.max_per_ip:
+            self.refused += 1
+            return (f"{self.by_host[host]} connections open from {host} "
+                    f"(--max-connections-per-ip {self.max_per_ip})")
+        self.total += 1
+        self.by_host[host] += 1
+        return None
+
+    def release(self, host: str) -> None:
+        self.total -= 1
+        self.by_host[host] -= 1
+        if not self.by_host[host]:
+            del self.by_host[host]
+
+
+class _Refused(Protocol):
+    """What an over-the-limit connection gets: the protocol's refusal, if any, then a close."""
+
+    def __init__(self, message: bytes | None) -> None:
+        self.message = message
+
+    def connectionMade(self) -> None:
+        if self.message:
+            self.transport.write(self.message)
+        self.transport.loseConnection()
+
+
+class GuardedProtocol(ProtocolWrapper, TimeoutMixin):
+    """Counts itself out of the limits when it goes, and times out when idle."""
+
+    factory: GuardedFactory
+    host = "?"
+
+    def makeConnection(self, transport: Any) -> None:
+        self.callLater = self.factory.clock.callLater
+        self.setTimeout(self.factory.idle_timeout)
+        super().makeConnection(transport)
+
+    def dataReceived(self, data: bytes) -> None:
+        self.resetTimeout()
+        super().dataReceived(data)
+
+    def write(self, data: bytes) -> None:
+        self.resetTimeout()
+        super().write(data)
+
+    def writeSequence(self, data: Any) -> None:
+        self.resetTimeout()
+        super().writeSequence(data)
+
+    def timeoutConnection(self) -> None:
+        log.info("{label} connection from {host} closed: idle for {timeout} s",
+                 label=self.factory.label, host=self.host, timeout=self.factory.idle_timeout)
+        abort = getattr(self.transport, "abortConnection", None)
+        if abort is not None:
+            abort()  # a client that reads nothing would hold a plain close open
+        else:
+            self.transport.loseConnection()
+
+    def connectionLost(self, reason: Failure) -> None:
+        self.setTimeout(None)
+        self.factory.limits.release(self.host)
+        super().connectionLost(reason)
+
+
+class GuardedFactory(WrappingFactory):
+    """One listener's factory behind the shared limits, with its idle timeout (None: off)."""
+
+    protocol = GuardedProtocol
+
+    def __init__(self, wrapped: Any, limits: ConnectionLimits, label: str, clock: Any,
+                 idle_timeout: float | None = None) -> None:
+        super().__init__(wrapped)
+        self.limits = limits
+        self.label = label
+        self.clock = clock
+        self.idle_timeout = idle_timeout or None
+
+    def buildProtocol(self, addr: Any) -> Any:
+        host = str(getattr(addr, "host", addr))
+        reason = self.limits.admit(host)
+        if reason is not None:
+            log.warn("{label} connection from {host} refused: {reason}",
+                     label=self.label, host=host, reason=reason)
+            refusal = getattr(self.wrappedFactory, "refusal", None)
+            refused = _Refused(refusal(reason) if refusal is not None else None)
+            refused.factory = self
+            return refused
+        try:
+            protocol = super().buildProtocol(addr)
+        except BaseException:
+            self.limits.release(host)
+            raise
+        if protocol is None:
+            self.limits.release(host)
+            return None
+        protocol.host = host
+        return protocol
