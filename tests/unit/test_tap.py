@@ -55,7 +55,7 @@ def test_make_service_opens_storage_then_listens():
     assert service.ready.called
     [(port, factory, _backlog, interface)] = reactor.tcpServers
     assert (port, interface) == (4321, "127.0.0.1")
-    assert factory.broker is service.broker
+    assert factory.wrappedFactory.broker is service.broker  # behind the connection limits
     reactor.advance(5)  # the TTL sweep runs on the injected clock
     d = service.stopService()
     assert d.called
@@ -87,7 +87,7 @@ def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
     reactor = MemoryReactorClock()
     service = tap.makeService(options, reactor=reactor)
     service.startService()
-    http = [(port, factory) for port, factory, _, interface in reactor.tcpServers
+    http = [(port, factory.wrappedFactory) for port, factory, _, interface in reactor.tcpServers
             if (port, interface) == (8080, "127.0.0.1")]
     assert [type(factory).__name__ for _, factory in http] == ["APISite"]
     assert (http[0][1].api.token, http[0][1].max_body) == ("s3cret", 1000)
