@@ -8,11 +8,13 @@ of this process, pyzmq's I/O thread included) and the server's (from
 
 from __future__ import annotations
 
+import multiprocessing
 import resource
 import statistics
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing.connection import Connection
 from typing import Any
 
 from bench.clients import CHUNK, LoadClient, bodies, stamp, stamped_at
@@ -69,22 +71,16 @@ def w1(make: ClientFactory, server: Server, queue: str, count: int, size: int) -
 class Consumer(threading.Thread):
     """``client.consume`` in a thread, so a producer can run at the same time."""
 
-    def __init__(self, client: LoadClient, count: int, latencies: list[int] | None) -> None:
+    def __init__(self, client: LoadClient, count: int) -> None:
         super().__init__(daemon=True)
-        self.client, self.count, self.latencies = client, count, latencies
+        self.client, self.count = client, count
         self.received = 0
         self.error: BaseException | None = None
         self.done = 0.0
 
-    def seen(self, found: list[bytes]) -> None:
-        now = time.perf_counter_ns()
-        assert self.latencies is not None
-        self.latencies.extend(now - stamped_at(body) for body in found)
-
     def run(self) -> None:
         try:
-            self.received = self.client.consume(
-                self.count, None if self.latencies is None else self.seen)
+            self.received = self.client.consume(self.count)
         except BaseException as e:  # reported by the producer side
             self.error = e
         self.done = time.perf_counter()
@@ -101,7 +97,7 @@ def w2(make: ClientFactory, server: Server, queue: str, count: int, size: int) -
     client = make(server.ports, queue)
     try:
         chunks = encoded(client, count, size)
-        consumer = Consumer(client, count, None)
+        consumer = Consumer(client, count)
         meter = Meter(server)
         consumer.start()
         for chunk in chunks:
@@ -118,31 +114,57 @@ def w2(make: ClientFactory, server: Server, queue: str, count: int, size: int) -
 def paced(make: ClientFactory, server: Server, queue: str, count: int, size: int,
           rate: float) -> dict[str, Any]:
     """Publish at ``rate`` msgs/s, each body stamped with its send time; the
-    consumer's receive time minus the stamp is the latency."""
-    client = make(server.ports, queue)
+    consumer's receive time minus the stamp is the latency.  The producer is
+    a process of its own: in a thread it would hold the GIL the consumer
+    waits for (up to the 5 ms switch interval) and the tail would be the
+    client's.  ``perf_counter`` is CLOCK_MONOTONIC, the same in both."""
+    client = make(server.ports, queue)  # makes the queue exist; consumes
     latencies: list[int] = []
+
+    def seen(found: list[bytes]) -> None:
+        now = time.perf_counter_ns()
+        latencies.extend(now - stamped_at(body) for body in found)
+
+    spawn = multiprocessing.get_context("spawn")
+    results, child_end = spawn.Pipe(duplex=False)
+    producer = spawn.Process(target=paced_producer, daemon=True,
+                             args=(make, server.ports, queue, count, size, rate, child_end))
     try:
-        consumer = Consumer(client, count, latencies)
         meter = Meter(server)
-        consumer.start()
-        sent = 0
-        while sent < count:
-            due = min(count, int((time.perf_counter() - meter.started) * rate) + 1)
-            if due > sent:
-                client.send(client.encode([stamp(size) for _ in range(due - sent)]))
-                sent = due
-            else:
-                time.sleep(max(0.0, meter.started + sent / rate - time.perf_counter()))
-        client.flush()
-        received = consumer.result()
+        producer.start()
+        received = client.consume(count, seen)
+        producer_cpu = results.recv()
+        producer.join()
         result = meter.finish(count=count, received=received)
     finally:
         client.close()
+        if producer.is_alive():
+            producer.kill()
+    result["client_cpu"] += producer_cpu
     kept = sorted(latencies[int(len(latencies) * WARM_UP):])
     result["p50_ms"] = kept[len(kept) // 2] / 1e6
     result["p99_ms"] = kept[min(len(kept) - 1, int(len(kept) * 0.99))] / 1e6
     result["mean_ms"] = statistics.fmean(kept) / 1e6
     return result
+
+
+def paced_producer(make: ClientFactory, ports: dict[str, int], queue: str, count: int,
+                   size: int, rate: float, results: Connection) -> None:
+    """The paced producer process: sends each message when it is due; reports its CPU."""
+    client = make(ports, queue)
+    started_cpu = cpu()
+    started = time.perf_counter()
+    sent = 0
+    while sent < count:
+        due = min(count, int((time.perf_counter() - started) * rate) + 1)
+        if due > sent:
+            client.send(client.encode([stamp(size) for _ in range(due - sent)]))
+            sent = due
+        else:
+            time.sleep(max(0.0, started + sent / rate - time.perf_counter()))
+    client.flush()
+    client.close()
+    results.send(cpu() - started_cpu)
 
 
 def memory(make: ClientFactory, server: Server, queue: str, count: int,
