@@ -257,3 +257,25 @@ def test_memory_alarm_stops_reading_publishers_until_consumers_drain(start_serve
 def http_raw(port: int, path: str) -> tuple[int, bytes]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as response:
         return response.status, response.read()
+
+
+def test_connection_limits_and_idle_timeouts(start_server, line_client):
+    server = start_server(
+        f"--protocol=mqks:{LISTEN}", "--storage=memory", "--max-connections-per-ip=2",
+        "--mqks-idle-timeout=2",
+    )
+    port = server.ports["mqks"]
+    first, second = line_client(port), line_client(port)
+    for client in (first, second):  # both accepted before the third connects
+        client.send("p ping x")
+        assert client.read(1) == [b"p ok x"]
+    third = line_client(port)
+    assert third.read(1)[0].startswith(b"None error ")
+    assert third.closed()
+    assert "connection from 127.0.0.1 refused: 2 connections open from 127.0.0.1" in server.text()
+    # neither says anything more: both are closed once idle, which makes room again
+    assert first.closed() and second.closed()
+    wait_for(lambda: server.text().count("closed: idle for 2.0 s") == 2, "the idle closes")
+    again = line_client(port)
+    again.send("p ping x")
+    assert again.read(1) == [b"p ok x"]
