@@ -33,9 +33,9 @@ from mqserver.journal.schema import (
     CONNECTION_OPENED,
     CONSUMER_CLOSED,
     CONSUMER_OPENED,
-    PUBLISHED,
     REASON_CONSUMER_GONE,
     REQUEUED,
+    SLIM_PUBLISHED,
 )
 from mqserver.model import (
     DELETE,
@@ -71,6 +71,7 @@ class Broker(Topology, Settling, Overflow):
         self.journal: Any = None
         self._next_connection = 1
         self._seq = 1
+        self._consumer_keys = 0
         self._dirty: dict[bytes, Queue] = {}
         self._pump_call: Any = None
         self._expiry: list[tuple[float, bytes]] = []
@@ -216,8 +217,8 @@ class Broker(Topology, Settling, Overflow):
         self._seq += 1
         if self.journal is not None:
             journal = self.journal
-            journal.append((PUBLISHED, now, queue.name, message_id, now, 0, None, None, source,
-                            len(body), expires_at, None, headers, journal.bodies and body))
+            journal.append((SLIM_PUBLISHED, now, queue.name, message_id, source, len(body),
+                            expires_at, headers, journal.bodies and body))
         self._append(queue, message)
         self.queued += 1
         queue.enqueued += 1
@@ -268,6 +269,8 @@ class Broker(Topology, Settling, Overflow):
             queue.unused_timer.cancel()
             queue.unused_timer = None
         consumer = Consumer(consumer_id, queue, connection, window, manual_ack, priority, slots)
+        self._consumer_keys += 1
+        consumer.key = self._consumer_keys
         if slots is not None:
             slots.consumers.append(consumer)
         queue.consumers.append(consumer)
@@ -276,7 +279,7 @@ class Broker(Topology, Settling, Overflow):
             # last: the key that slim delivered/acked records name this consumer by
             self.journal.append((CONSUMER_OPENED, self.clock.seconds(), queue.name, None, None, 0,
                                  consumer_id, connection.id, connection.protocol, None, None, None,
-                                 None, id(consumer)))
+                                 None, consumer.key))
         self._kick(queue)
         return consumer
 
@@ -333,9 +336,9 @@ class Broker(Topology, Settling, Overflow):
                 # retry + 1 happens just after: these are the deliveries so far
                 append((REQUEUED, now, name, message.id, message.created_at, message.retry + 1,
                         consumer.id, connection.id, connection.protocol, len(message.body),
-                        message.expires_at, REASON_CONSUMER_GONE, None, id(consumer)))
+                        message.expires_at, REASON_CONSUMER_GONE, None, consumer.key))
         append((CONSUMER_CLOSED, now, name, None, None, 0, consumer.id, connection.id,
-                connection.protocol, None, None, None, None, id(consumer)))
+                connection.protocol, None, None, None, None, consumer.key))
 
     # -- dispatch -----------------------------------------------------------
 

@@ -53,7 +53,7 @@ def hand_over(
     if journal is not None:
         # slim records (see mqserver.journal.encode): queue and consumer
         # details come from the consumer_opened record
-        key = id(consumer)
+        key = consumer.key
         journal.append((journal_schema.DELIVERED, now, key, message.id, message.created_at,
                         message.retry + 1, len(message.body), message.expires_at))
         if not consumer.manual_ack:

@@ -109,6 +109,7 @@ class Consumer:
         "connection",
         "delivered",
         "id",
+        "key",
         "manual_ack",
         "paused",
         "priority",
@@ -130,6 +131,9 @@ class Consumer:
         slots: Slots | None = None,
     ) -> None:
         self.id = id
+        # names the consumer in the journal's slim records: a small int set by
+        # the broker, cheaper to marshal than id(self)
+        self.key = 0
         self.priority = priority
         self.slots = slots
         self.queue = queue

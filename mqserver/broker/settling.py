@@ -53,7 +53,7 @@ class Settling:
         queue.acked += 1
         if self.journal is not None:
             # slim: the journal knows the rest from the delivery
-            self.journal.append((ACKED, self.clock.seconds(), id(consumer), message_id, None))
+            self.journal.append((ACKED, self.clock.seconds(), consumer.key, message_id, None))
         self._op((REMOVE, queue.name, message.seq))
         self._kick(queue)
         return True
@@ -95,7 +95,7 @@ class Settling:
             self.journal.append((REQUEUED, self.clock.seconds(), queue.name, message.id,
                                  message.created_at, message.retry, consumer.id, connection.id,
                                  connection.protocol, len(message.body), message.expires_at,
-                                 REASON_REJECTED, None, id(consumer)))
+                                 REASON_REJECTED, None, consumer.key))
         queue.ready.append(message)
         if message.expires_at is not None:
             queue.ttl_ready += 1

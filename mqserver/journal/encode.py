@@ -14,7 +14,7 @@ from collections.abc import Iterable, Iterator
 from json.encoder import encode_basestring_ascii as quote
 from typing import Any
 
-from mqserver.journal.schema import VERSION
+from mqserver.journal.schema import ACKED, DELIVERED, PUBLISHED, SLIM_PUBLISHED, VERSION
 
 Event = tuple[Any, ...]
 """Plain values only (bytes, str, int, float, None, a str->str dict), captured
@@ -22,22 +22,41 @@ when the event happened: they cross to the journal process with ``marshal``.
 
 Full (14): ``(event, ts, queue, message_id, publish_ts, delivery_count,
 consumer, connection, protocol, size, expires_at, reason, headers, extra)``;
-``extra`` is the body on ``published`` and the consumer key (``id()`` of the
-broker's ``Consumer``) on consumer and requeue records.
+``extra`` is the body on ``published`` and the consumer's ``key`` on
+consumer and requeue records.
 
-Slim, for the two records W1 writes per message besides ``published`` (the
-broker's hot path builds less; the rest is joined here from
-``consumer_opened`` and the delivery):
+Slim, for the three records W1 writes per message (the broker's hot path
+builds less; the rest is implied, or joined here from ``consumer_opened``
+and the delivery; ``key`` is the consumer's ``key``):
 
+* published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
+  protocol, size, expires_at, headers, body)``
 * delivered (8): ``(event, ts, key, message_id, publish_ts, delivery_count,
   size, expires_at)``
 * acked (5): ``(event, ts, key, message_id, reason)``
+
+The broker hands them over flattened, one list of values for a whole batch
+(see ``mqserver.journal.writer``); ``unflatten`` cuts it back into events by
+each event's width.
 """
+
+WIDTHS = {SLIM_PUBLISHED: 9, DELIVERED: 8, ACKED: 5}
+"""Width of the slim events; every other event is ``EVENT_WIDTH`` wide."""
 
 _UNKNOWN_CONSUMER = (None, None, None, None)
 _KEYED = frozenset(("consumer_opened", "consumer_closed", "requeued"))
 
 EVENT_WIDTH = 14
+
+
+def unflatten(values: list[Any]) -> Iterator[Event]:
+    """Events from the flat list the broker built with ``list.extend``."""
+    widths = WIDTHS
+    start, end = 0, len(values)
+    while start < end:
+        stop = start + widths.get(values[start], EVENT_WIDTH)
+        yield tuple(values[start:stop])
+        start = stop
 
 
 def _text(value: bytes | str) -> str:
@@ -73,6 +92,10 @@ class Encoder:
                 deliveries[message_id] = (publish_ts, count, size, expires_at)
                 yield ("delivered", ts, queue, message_id, publish_ts, count, consumer,
                        connection, protocol, size, expires_at, None, None, None)
+            elif width == 9:
+                _, ts, queue, message_id, protocol, size, expires_at, headers, body = record
+                yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
+                       expires_at, None, headers, body)
             elif width == 5:
                 _, ts, key, message_id, reason = record
                 queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)

@@ -21,6 +21,10 @@ CONSUMER_CLOSED = "consumer_closed"
 CONNECTION_OPENED = "connection_opened"
 CONNECTION_CLOSED = "connection_closed"
 
+SLIM_PUBLISHED = 0
+"""Marks the broker's slim capture of a new message (see ``mqserver.journal.encode``);
+journal files only ever hold event names."""
+
 MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)
 TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED)
 """Events after which this copy of a message is gone from its queue."""

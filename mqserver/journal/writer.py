@@ -2,12 +2,18 @@
 """The journal as a Twisted service: buffer in memory, hand batches over on a timer.
 
 The broker calls ``Journal.append`` with a tuple of plain values at each event
-(one list append: no I/O, no encoding).  A ``LoopingCall`` on the injected
-clock takes what accumulated and either
+(no I/O, no encoding).  ``append`` is ``list.extend``: the values are kept in
+one flat list and the tuple is freed at once.  Keeping hundreds of thousands
+of live tuples per second cost more than building them, because each one
+counts towards the garbage collector's next collection, and with a large
+backlog of messages those collections are what the broker pays for.
 
-* sends it, framed with ``marshal`` (C speed), to the journal process
-  (``mqserver.journal.sink``), which encodes and writes segments on another
-  core: the default with a real reactor; or
+A ``LoopingCall`` on the injected clock takes what accumulated and either
+
+* hands it to a ``Feeder`` thread, which frames it with ``marshal`` and
+  writes it to the journal process (``mqserver.journal.sink``), which
+  encodes and writes segments on another core: the default with a real
+  reactor; or
 * encodes and writes it in-process with a ``SegmentWriter`` (no reactor
   given: unit tests, tools).
 
@@ -16,6 +22,7 @@ Both flush paths catch and log their errors, so the timer never dies.
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 from typing import Any
@@ -27,8 +34,9 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqserver.journal.encode import unflatten
+from mqserver.journal.feeder import Feeder
 from mqserver.journal.segments import SegmentWriter, safe_node
-from mqserver.journal.sink import frame
 
 log = Logger()
 
@@ -70,12 +78,12 @@ class Journal(Service):
         self.segment_bytes = segment_bytes
         self.segment_seconds = segment_seconds
         self.process_reactor = process_reactor
-        self.pending: list[tuple[Any, ...]] = []
+        self.pending: list[Any] = []
         # bound once: the broker's per-event cost is this one call
-        self.append = self.pending.append
+        self.append = self.pending.extend
         self.writer: SegmentWriter | None = None
         self._process: _SinkProcess | None = None
-        self._transport: Any = None
+        self._feeder: Feeder | None = None
         self._loop = LoopingCall(self.flush)
         self._loop.clock = clock
         self._flush_interval = flush_interval
@@ -96,30 +104,45 @@ class Journal(Service):
         if self.bodies:
             args.append("--bodies")
         self._process = _SinkProcess(self)
-        self._transport = self.process_reactor.spawnProcess(
-            self._process, sys.executable, args, env=None,
-            childFDs={0: "w", 1: 1, 2: "r"})
+        # our own pipe rather than Twisted's "w" child fd: the Feeder thread
+        # writes it with blocking calls, off the reactor
+        read_end, write_end = os.pipe()
+        try:
+            self.process_reactor.spawnProcess(
+                self._process, sys.executable, args, env=None,
+                childFDs={0: read_end, 1: 1, 2: "r"})
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._feeder = Feeder(write_end, self._feed_failed)
+
+    def _feed_failed(self, error: BaseException, lost: int) -> None:
+        """From the feeder thread: the journal process stopped reading."""
+        self.process_reactor.callFromThread(
+            log.error, "journal process stopped reading ({error}); {lost} values and all "
+            "later records are dropped", error=error, lost=lost)
 
     def _process_ended(self, reason: Any) -> None:
         if self.running:
             log.error("journal process ended ({reason}); journal records are now dropped",
                       reason=reason.getErrorMessage())
-        self._transport = None
 
     def flush(self) -> None:
         """Hand over what accumulated.  Runs from the LoopingCall: catches and logs."""
-        pending = self.pending
-        if not pending:
+        batch = self.pending
+        if not batch:
             if self.writer is not None:
                 self.writer.seal_if_due()
             return
-        batch = pending[:]
-        del pending[:]
+        self.pending = []
+        self.append = self.pending.extend
         try:
             if self.writer is not None:
-                self.writer.write(batch)
-            elif self._transport is not None:
-                self._transport.write(frame(batch))
+                self.writer.write(unflatten(batch))
+            elif self._feeder is not None:
+                self._feeder.send(batch)
         except Exception:
             log.failure("journal flush failed; {n} records are lost", n=len(batch))
 
@@ -132,7 +155,8 @@ class Journal(Service):
         if self.writer is not None:
             self.writer.seal()
             return succeed(None)
-        if self._transport is not None and self._process is not None:
-            self._transport.closeStdin()
+        if self._feeder is not None and self._process is not None:
+            feeder, self._feeder = self._feeder, None
+            feeder.close()
             return self._process.ended
         return succeed(None)

@@ -12,8 +12,14 @@ from twisted.internet.testing import MemoryReactorClock
 
 from mqserver import tap
 from mqserver.broker.core import Broker
-from mqserver.journal.encode import Encoder
-from mqserver.journal.schema import FIELD_NAMES, SPARK_DDL, parse_segment_name, segment_name
+from mqserver.journal.encode import Encoder, unflatten
+from mqserver.journal.schema import (
+    FIELD_NAMES,
+    SLIM_PUBLISHED,
+    SPARK_DDL,
+    parse_segment_name,
+    segment_name,
+)
 from mqserver.journal.writer import Journal
 from mqserver.model import QueueOptions
 from mqserver.storage.memory import MemoryStore
@@ -210,9 +216,11 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
 
     from mqserver.journal.sink import frame
 
+    # batches are flat lists of values, as Journal.append (list.extend) builds them
     event = ("published", T0, b"q", b"m1", T0, 0, None, None, "mqks", 3, None, None,
              {"h": "1"}, b"abc")
-    data = frame([event]) + frame([(*event[:3], b"m2", *event[4:])])
+    slim = (SLIM_PUBLISHED, T0, b"q", b"m2", "mqks", 3, None, {"h": "1"}, b"abc")
+    data = frame(list(event)) + frame(list(slim))
     subprocess.run(
         [sys.executable, "-m", "mqserver.journal.sink", str(tmp_path / "j"), "--node", "p",
          "--bodies"], input=data, check=True, timeout=60)
@@ -220,3 +228,24 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
     assert [(r["seq"], r["message_id"], r["body"]) for r in got] == [(1, "m1", "YWJj"),
                                                                     (2, "m2", "YWJj")]
     assert not list((tmp_path / "j").glob("date=*/*.open"))
+
+
+def test_unflatten_cuts_a_flat_batch_by_each_events_width():
+    full = ("requeued", T0, b"q", b"m1", T0, 1, b"c", 1, "mqks", 3, None, "rejected", None, 7)
+    slim_published = (SLIM_PUBLISHED, T0, b"q", b"m1", "mqks", 3, None, None, False)
+    delivered = ("delivered", T0, 7, b"m1", T0, 1, 3, None)
+    acked = ("acked", T0, 7, b"m1", None)
+    events = [slim_published, delivered, full, acked]
+    flat = [value for event in events for value in event]
+    assert list(unflatten(flat)) == events
+    assert list(unflatten([])) == []
+
+
+def test_journal_keeps_values_not_tuples_so_they_cost_no_garbage_collections(tmp_path):
+    import gc
+
+    broker, journal, _ = make(tmp_path)
+    broker.publish_to_queue(b"q", b"m1", b"x")
+    assert journal.pending and not any(gc.is_tracked(value) for value in journal.pending)
+    journal.stopService()
+    assert [r["event"] for r in records(tmp_path)] == ["published"]
