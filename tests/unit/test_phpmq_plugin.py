@@ -59,5 +59,5 @@ def test_make_service_listens_on_the_phpmq_endpoint():
     service.startService()
     [(port, factory, _backlog, interface)] = reactor.tcpServers
     assert (port, interface) == (4322, "127.0.0.1")
-    assert type(factory).__name__ == "PHPMQFactory"
+    assert type(factory.wrappedFactory).__name__ == "PHPMQFactory"  # behind the limits
     assert service.stopService().called
