@@ -272,7 +272,8 @@ def test_connection_limits_and_idle_timeouts(start_server, line_client):
     third = line_client(port)
     assert third.read(1)[0].startswith(b"None error ")
     assert third.closed()
-    assert "connection from 127.0.0.1 refused: 2 connections open from 127.0.0.1" in server.text()
+    wait_for(lambda: "refused: 2 connections open from 127.0.0.1" in server.text(),
+             "the refusal in the log")
     # neither says anything more: both are closed once idle, which makes room again
     assert first.closed() and second.closed()
     wait_for(lambda: server.text().count("closed: idle for 2.0 s") == 2, "the idle closes")
