@@ -139,7 +139,8 @@ class MemoryAlarm:
     def publishing(self, publisher: Any) -> None:
         """``publisher`` (an ``IFlowControlled``) publishes; paused at once during an alarm.
 
-        Cheap enough to call on every publish: a set membership test.
+        Call it once per connection: a ``WeakSet`` membership test costs far
+        more than an attribute test on the caller's side.
         """
         if publisher not in self.publishers:
             self.publishers.add(publisher)

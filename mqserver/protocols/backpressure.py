@@ -37,6 +37,14 @@ class Backpressure:
     _out_bytes = 0
     _transport_full = False
     _over_mark = False
+    _publisher = False
+
+    def _publishing(self) -> None:
+        """This connection's first publish: the memory alarm may stop reading from it
+        (``IFlowControlled``).  Protocols call it behind ``if not self._publisher``,
+        which keeps the per-publish cost to one attribute test."""
+        self._publisher = True
+        self.broker.flow.publishing(self)
 
     def pauseProducing(self) -> None:
         self._transport_full = True

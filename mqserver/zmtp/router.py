@@ -188,6 +188,7 @@ class ZMTPConnection(TwistedProtocol):
         self._waiters: list[Deferred[None]] = []
         self._handshake_timer: Any = None
         self.paused = False
+        self.publisher = False  # registered with the memory alarm (see IFlowControlled)
         self._holds: set[str] = set()
 
     def connectionMade(self) -> None:

@@ -84,7 +84,8 @@ class FrontendHandler(EndpointHandler):
     def _publishing(self, identity: bytes) -> None:
         """Tell the memory alarm this client publishes (it stops reading from publishers)."""
         connection = self.service.frontend.peers.get(identity)
-        if connection is not None:
+        if connection is not None and not connection.publisher:
+            connection.publisher = True
             self.service.broker.flow.publishing(connection)
 
     def _refuse(self, identity: bytes, envelope: codec.Envelope, error: QueueFullError) -> None:

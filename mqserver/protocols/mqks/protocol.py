@@ -280,7 +280,8 @@ class MQKSProtocol(Backpressure, Protocol):
         if not event or not body:
             raise MQKSError("publish needs an event and data")
         self._names([event])
-        self.broker.flow.publishing(self)
+        if not self._publisher:
+            self._publishing()
         self.broker.publish_event(event, request_id, body, None, None, "mqks")
         if confirm:
             self._confirm(request_id)

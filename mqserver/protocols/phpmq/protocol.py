@@ -218,7 +218,8 @@ class PHPMQProtocol(Backpressure, Protocol):
         ttl_text = packages.get(TTL)
         ttl = codec.parse_number(ttl_text, "TTL") if ttl_text is not None else 0
         # 0 (the 2018 client's default) and absent (2017) both mean "none chosen"
-        self.broker.flow.publishing(self)
+        if not self._publisher:
+            self._publishing()
         try:
             self.broker.publish_to_queue(
                 queue, new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
