@@ -9,6 +9,7 @@ import pytest
 from twisted.internet.task import Clock
 
 from mqserver.broker.core import Broker
+from mqserver.model import QueueOptions
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError, Schedule
 from mqserver.protocols.emqp.scheduler import NAMESPACE, ScheduleRunner, next_cron
@@ -111,3 +112,17 @@ def test_a_failing_run_is_logged_and_the_job_goes_on(setup):
     clock.advance(1)
     assert len(calls) == 2
     assert codec.schedule_hash(RUN) in runner.jobs
+
+
+def test_a_run_into_a_full_queue_is_skipped_and_not_counted(setup):
+    clock, broker, _runner, _runs = setup
+    broker.declare_queue(b"q", QueueOptions(max_length=1, overflow="reject-publish"))
+    runner = ScheduleRunner(broker, lambda queue, headers, payload: broker.publish_to_queue(
+        queue, b"run", payload))
+    key = runner.schedule(Schedule(b"q", b"run_count:3", 5, RUN, b""))
+    clock.advance(0)
+    clock.advance(5)  # the queue is full: skipped
+    assert runner.jobs[key].runs_left == 2
+    broker.purge(b"q")
+    clock.advance(5)
+    assert runner.jobs[key].runs_left == 1

@@ -24,6 +24,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from mqserver.broker.overflow import QueueFullError
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError, Schedule
 
@@ -170,6 +171,9 @@ class ScheduleRunner:
                     self.broker.delete_record(NAMESPACE, job.key.encode("ascii"))
                     return
                 self.broker.put_record(NAMESPACE, job.key.encode("ascii"), job.record())
+        except QueueFullError as e:
+            # this run is skipped (not counted); the next one is armed as usual
+            log.warn("emqp: scheduled job {key} skipped a run: {e}", key=job.key, e=e)
         except Exception:
             log.failure("emqp: scheduled job {key} failed to run", key=job.key)
         if self.jobs.get(job.key) is job:
