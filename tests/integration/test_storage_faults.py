@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+import zmq
 
 TOKEN = "fault-token"
 STORES = {
@@ -57,10 +58,17 @@ def set_file_limit(pid: int, limit: int) -> None:
 def test_a_full_disk_confirms_nothing_and_the_server_keeps_serving(
     start_server, line_client, tmp_path, storage
 ):
+    listen = "tcp:0:interface=127.0.0.1"
     args = (*STORES[storage], f"--data-dir={tmp_path / 'data'}", f"--http-token={TOKEN}",
-            "--protocol=mqks:tcp:0:interface=127.0.0.1", "--http=tcp:0:interface=127.0.0.1")
+            f"--protocol=mqks:{listen}", f"--http={listen}", f"--protocol=emqp:{listen}",
+            f"--emqp-backend={listen}", f"--emqp-admin={listen}")
     server = start_server(*args)
+    until(lambda: {"emqp-backend", "emqp-admin"} <= set(server.ports), "eMQP listeners")
     mqks, web = server.ports["mqks"], server.ports["http"]
+    context = zmq.Context()
+    emqp = context.socket(zmq.DEALER)
+    emqp.setsockopt(zmq.LINGER, 0)
+    emqp.connect(f"tcp://127.0.0.1:{server.ports['emqp']}")
     client = line_client(mqks)
     client.send("rb rebind --confirm q e", "m0 publish --confirm e before")
     assert client.read(2) == [b"rb ok ", b"m0 ok "]
@@ -78,6 +86,12 @@ def test_a_full_disk_confirms_nothing_and_the_server_keeps_serving(
     status, health = http(web, "GET", "/health")
     assert status == 503 and health["storage"]["ok"] is False
     assert health["storage"]["last_error"] and health["storage"]["pending_ops"] > 0
+    # eMQP answers a REQUEST only once it is stored: no answer now
+    emqp.send_multipart([b"", b"eMQP/1.0", b"REQUEST", b"r1", b"default", b"", b"job"])
+    until(lambda: "storing a request failed; no answer sent" in server.text(), "the eMQP log")
+    assert not emqp.poll(200)
+    emqp.close(0)
+    context.term()
     status, metrics = http(web, "GET", "/metrics")
     assert "mqserver_storage_ok 0.0" in metrics
     # memory keeps serving: what was published is delivered all the same
