@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
@@ -18,6 +19,7 @@ TOKEN = "schemathesis-token"
 EXAMPLES = int(os.environ.get("MQSERVER_SCHEMATHESIS_EXAMPLES", "25"))
 
 
+@pytest.mark.timeout(120 + 2 * EXAMPLES)  # about 0.4 s per example over all operations
 def test_no_generated_request_is_a_server_error(start_server):
     server = start_server("--storage=memory", f"--http-token={TOKEN}",
                           "--protocol=mqks:tcp:0:interface=127.0.0.1",

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 import time
 
+import pytest
+
 from mqserver.soak import Soak, resources
 
 TOKEN = "soak-token"
@@ -20,6 +22,7 @@ SECONDS = float(os.environ.get("MQSERVER_SOAK_SECONDS", "20"))
 RSS_SLACK_KIB = 24 * 1024
 
 
+@pytest.mark.timeout(SECONDS + 240)  # a long run must not hit the suite's 300 s default
 def test_soak_every_protocol(start_server, tmp_path):
     listen = "tcp:0:interface=127.0.0.1"
     server = start_server(
