@@ -50,9 +50,9 @@ class Limits:
     def from_config(cls, config: Mapping[str, Any]) -> Limits:
         """From twistd options; a config without them (a third-party caller) gets the defaults."""
         return cls(
-            max_name=int(config.get("max-name-bytes") or DEFAULT_MAX_NAME),
-            max_id=int(config.get("max-id-bytes") or DEFAULT_MAX_ID),
-            max_headers=int(config.get("max-headers") or DEFAULT_MAX_HEADERS),
+            max_name=int(config.get("max-name-bytes", DEFAULT_MAX_NAME)),
+            max_id=int(config.get("max-id-bytes", DEFAULT_MAX_ID)),
+            max_headers=int(config.get("max-headers", DEFAULT_MAX_HEADERS)),
         )
 
     def check_name(
@@ -71,6 +71,17 @@ class Limits:
         """Raise ``error`` if a message carries more than ``max_headers`` header fields."""
         if count > self.max_headers:
             raise error(f"{count} {what}; at most {self.max_headers} are allowed")
+
+
+def positive(value: str) -> int:
+    """Checks a limit option while options are parsed: 0 or less would refuse everything."""
+    number = int(value)
+    if number < 1:
+        raise ValueError(f"{value!r} is not a positive whole number")
+    return number
+
+
+positive.coerceDoc = "A positive whole number."  # type: ignore[attr-defined]
 
 
 def _check(value: bytes, what: str, limit: int, error: ErrorFactory) -> bytes:

@@ -24,6 +24,7 @@ from twisted.python import usage
 from mqserver.broker.flow import parse_watermark, watermark_bytes
 from mqserver.broker.overflow import check_policy
 from mqserver.connlimits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PER_IP
+from mqserver.limits import positive
 
 log = Logger()
 
@@ -83,11 +84,12 @@ class Options(usage.Options):
          "Largest HTTP request body in bytes; larger ones get 413.", int],
         ["max-name-bytes", None, 255,
          "Longest queue or event name (or mask) in bytes, every protocol; names are also "
-         "refused if empty or holding control characters.  See docs/operations.md.", int],
+         "refused if empty or holding control characters.  See docs/operations.md.", positive],
         ["max-id-bytes", None, 255,
-         "Longest message, request or consumer id in bytes, every protocol.", int],
+         "Longest message, request or consumer id in bytes, every protocol.", positive],
         ["max-headers", None, 64,
-         "Most header fields one message may carry (eMQP header items, HTTP 'headers').", int],
+         "Most header fields one message may carry (eMQP header items, HTTP 'headers').",
+         positive],
         ["max-queue-length", None, 0,
          "Most ready messages a queue holds unless it sets its own max_length; 0: no limit.",
          int],

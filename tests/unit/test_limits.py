@@ -15,7 +15,9 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
+from twisted.python import usage
 
+from mqserver import tap
 from mqserver.broker.core import Broker
 from mqserver.limits import LimitError, Limits
 from mqserver.protocols.emqp import codec as emqp
@@ -213,3 +215,12 @@ def test_emqp_msgid_queue_topic_headers_and_worker_queues_obey_the_limits():
         emqp.parse_schedule([b"q\x00", b"", b"10", b"job"], SMALL)
     with pytest.raises(EMQPError, match="worker queue name"):
         emqp.parse_worker_queues(json.dumps([[10, "q12345678"]]).encode(), SMALL)
+
+
+def test_limit_options_must_be_positive():
+    options = tap.Options()
+    options.parseOptions(["--max-name-bytes=10", "--max-id-bytes=20", "--max-headers=3"])
+    assert Limits.from_config(options) == Limits(10, 20, 3)
+    for bad in ("--max-name-bytes=0", "--max-id-bytes=-1", "--max-headers=x"):
+        with pytest.raises(usage.UsageError):
+            tap.Options().parseOptions([bad])
