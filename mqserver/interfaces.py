@@ -42,7 +42,11 @@ class IMessageStore(Interface):
         :param ops: a list of op tuples, in the order the broker made them.
         :return: Deferred firing with None once the whole batch is as durable
             as the store promises; a failure means none of it can be trusted
-            to be.
+            to be.  After a failure the broker sends the same ops again (with
+            later ones behind them) until a batch succeeds, so applying a
+            batch again, whole or after a partial apply, must leave the same
+            state: every op is an upsert or a delete keyed by queue and seq
+            (or namespace and key).
         """
 
     def close():
