@@ -42,12 +42,16 @@ def build_session(
 
     Under spark-submit (``PYSPARK_GATEWAY_PORT`` set) or with an active
     session, the master is never set here.  Otherwise ``master`` defaults to
-    ``local[*]``, and a local master gets ``LOCAL_CONF``.
+    ``local[*]``, and a local master gets ``LOCAL_CONF``.  Either way the
+    session can read ``format("mqserver-journal")`` (``mqserver.analytics.stream``).
     """
     from pyspark.sql import SparkSession
 
+    from mqserver.analytics.stream import register
+
     active = SparkSession.getActiveSession()
     if active is not None:
+        register(active)
         return active, False
     builder = SparkSession.builder.appName(app_name)
     submitted = "PYSPARK_GATEWAY_PORT" in os.environ
@@ -68,4 +72,6 @@ def build_session(
     builder = builder.config("spark.ui.showConsoleProgress", str(progress).lower())
     for key, value in {**COMMON_CONF, **(conf or {})}.items():
         builder = builder.config(key, value)
-    return builder.getOrCreate(), True
+    session = builder.getOrCreate()
+    register(session)
+    return session, True
