@@ -53,6 +53,9 @@ def figures(workload: str, r: dict[str, Any]) -> dict[str, float]:
     """The figures of one round (rates in msgs/s, CPU in % of the round's wall time)."""
     out = {"client_cpu": 100 * r["client_cpu"] / r["wall"],
            "server_cpu": 100 * r["server_cpu"] / r["wall"]}
+    if workload in ("w1", "w2"):
+        # the server's CPU per message: what it costs, however busy the machine
+        out["server_us"] = 1e6 * r["server_cpu"] / r["count"]
     if workload == "w1":
         out.update(produce=r["count"] / r["produce"], drain=r["count"] / r["drain"],
                    total=r["count"] / r["wall"])
@@ -104,13 +107,14 @@ def tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
     layouts = {
         "w1": ("W1 / W3 (publish all, then drain; W3 = a durable backend)",
                ["system", "produce msgs/s", "drain msgs/s", "total msgs/s", "x beanstalkd",
-                "client CPU", "server CPU"],
+                "client CPU", "server CPU", "server us/msg"],
                lambda f: [rate(f["produce"]), rate(f["drain"]), rate(f["total"]),
                           f"{f['total'] / beanstalkd:.2f}" if beanstalkd else "-",
-                          pct(f["client_cpu"]), pct(f["server_cpu"])]),
+                          pct(f["client_cpu"]), pct(f["server_cpu"]), f"{f['server_us']:.1f}"]),
         "w2": ("W2 (producer and consumer at once)",
-               ["system", "end-to-end msgs/s", "client CPU", "server CPU"],
-               lambda f: [rate(f["total"]), pct(f["client_cpu"]), pct(f["server_cpu"])]),
+               ["system", "end-to-end msgs/s", "client CPU", "server CPU", "server us/msg"],
+               lambda f: [rate(f["total"]), pct(f["client_cpu"]), pct(f["server_cpu"]),
+                          f"{f['server_us']:.1f}"]),
         "paced": ("W2 paced (latency from a timestamp in the payload)",
                   ["system", "p50 ms", "p99 ms", "client CPU", "server CPU"],
                   lambda f: [f"{f['p50_ms']:.3f}", f"{f['p99_ms']:.3f}", pct(f["client_cpu"]),
