@@ -169,7 +169,7 @@ class Soak:
         ]
         total = sum(count for _, count in plan)
         barrier = threading.Barrier(total, timeout=30)
-        import zmq
+        import zmq  # pyzmq comes with the test extra, not with the server
 
         context = zmq.Context()
         threads = [
