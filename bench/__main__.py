@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
+import signal
 import sys
 
 from bench import report
@@ -60,6 +61,8 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     options, args = parse(argv)
+    # a SIGTERM unwinds like Ctrl-C, so the servers started get stopped
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = run(options)
     result["meta"]["command"] = shlex.join(["python", "-m", "bench", *argv])
     summary = report.summarise(result)

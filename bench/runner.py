@@ -16,7 +16,7 @@ import mqserver
 from bench import workloads
 from bench.peers import PEERS, missing, start_peer, version
 from bench.proc import Server
-from bench.servers import start_mqserver
+from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
 
 WORKLOADS = ("w1", "w2", "paced", "memory")
@@ -111,7 +111,10 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
                                options.size, options.paced_rate)
     count = max(1, int(options.messages * system.scale))
     run_round = workloads.w1 if workload == "w1" else workloads.w2
-    return run_round(system.client, server, queue, count, options.size)
+    figures = run_round(system.client, server, queue, count, options.size)
+    if system.server.endswith("+journal"):
+        settle_journal(server)
+    return figures
 
 
 def brief(figures: dict[str, Any]) -> str:

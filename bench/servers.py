@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 from bench.proc import Server
@@ -48,3 +49,18 @@ def start_mqserver(storage: str, workdir: Path) -> Server:
         raise
     server.ports = {m.group(1): int(m.group(2)) for m in matches}
     return server
+
+
+def settle_journal(server: Server, still: float = 0.5) -> None:
+    """Wait until a journaled server's journal process has written everything
+    (the files stop growing), so its encoding does not slow the next round,
+    of this server or another (as ``bench.mqks_w1 --compare-journal`` does)."""
+    journal = server.workdir / "journal"
+
+    def size() -> int:
+        return sum(f.stat().st_size for f in journal.rglob("*") if f.is_file())
+
+    before = -1
+    while journal.exists() and (now := size()) != before:
+        before = now
+        time.sleep(still)
