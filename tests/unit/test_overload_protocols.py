@@ -99,3 +99,17 @@ def test_phpmq_publisher_stops_being_read_during_the_memory_alarm(phpmq):
     gauge.value = 0
     h.clock.advance(1)
     assert client.transport.producerState == "producing"
+
+
+def test_mqks_consume_sets_max_length_and_overflow_and_keeps_them_when_omitted():
+    broker, clock, protocol, transport = mqks()
+    protocol.dataReceived(b"c1 consume q --max-length=2 --overflow=reject-publish\n")
+    assert broker.queues[b"q"].options == QueueOptions(max_length=2, overflow="reject-publish")
+    protocol.dataReceived(b"c2 consume q --manual-ack\n")  # no flags: the limits stay
+    assert broker.queues[b"q"].options.max_length == 2
+    assert broker.queues[b"q"].reject
+    protocol.dataReceived(b"c3 consume q --max-length=0\nc4 consume q --overflow=drop-tail\n")
+    clock.advance(0)
+    assert [line.split(b" ")[:2] for line in transport.value().splitlines()] == [
+        [b"c3", b"error"], [b"c4", b"error"],
+    ]

@@ -13,11 +13,14 @@ import os
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from mqserver.broker.overflow import OVERFLOW_POLICIES
 from mqserver.model import Message
 
 CONFIRM = b"--confirm"
 DQWU = b"--delete-queue-when-unused"
 MANUAL_ACK = b"--manual-ack"
+MAX_LENGTH = b"--max-length="
+OVERFLOW = b"--overflow="
 ALL = b"--all"
 _ALNUM = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 
@@ -99,10 +102,14 @@ class ConsumeArgs:
     bare: bool = False
     manual_ack: bool = False
     has_add: bool = False
+    # extensions (not in the original): set when given, kept when omitted
+    max_length: int | None = None
+    overflow: str | None = None
 
 
 def parse_consume(data: bytes) -> ConsumeArgs:
-    """``[--confirm] {queue} [ev…] [--add ev…] [--delete-queue-when-unused[=s]] [--manual-ack]``"""
+    """``[--confirm] {queue} [ev…] [--add ev…] [--delete-queue-when-unused[=s]] [--manual-ack]``
+    ``[--max-length=N] [--overflow=drop-head|reject-publish]``"""
     confirm, data = split_confirm(data)
     args = ConsumeArgs(confirm, b"")
     target = args.replace
@@ -119,6 +126,10 @@ def parse_consume(data: bytes) -> ConsumeArgs:
             elif part == b"--add":
                 target = args.add
                 args.has_add = True
+            elif part.startswith(MAX_LENGTH):
+                args.max_length = parse_count(part[len(MAX_LENGTH) :])
+            elif part.startswith(OVERFLOW):
+                args.overflow = parse_overflow(part[len(OVERFLOW) :])
             else:
                 raise MQKSError(f"unknown consume flag {part!r}")
         elif not args.queue:
@@ -128,6 +139,20 @@ def parse_consume(data: bytes) -> ConsumeArgs:
     if not args.queue:
         raise MQKSError("consume needs a queue")
     return args
+
+
+def parse_count(text: bytes) -> int:
+    """``--max-length=N``: a positive whole number of messages."""
+    if not text.isdigit() or int(text) < 1:
+        raise MQKSError(f"--max-length needs a positive number, not {text!r}")
+    return int(text)
+
+
+def parse_overflow(text: bytes) -> str:
+    policy = text.decode("ascii", "replace")
+    if policy not in OVERFLOW_POLICIES:
+        raise MQKSError(f"--overflow must be one of {', '.join(OVERFLOW_POLICIES)}")
+    return policy
 
 
 def parse_seconds(text: bytes) -> float:

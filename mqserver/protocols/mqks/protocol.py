@@ -299,6 +299,10 @@ class MQKSProtocol(Backpressure, Protocol):
             delete_when_unused=args.delete_when_unused,
             delete_when_unused_bare=args.bare,
         )
+        if args.max_length is not None:
+            options = dataclasses.replace(options, max_length=args.max_length)
+        if args.overflow is not None:
+            options = dataclasses.replace(options, overflow=args.overflow)
         consumer = broker.consume(
             self.connection, consumer_id, args.queue, window=None, manual_ack=args.manual_ack
         )
