@@ -48,12 +48,29 @@ def rss_bytes() -> int:
         return 0
 
 
-def physical_memory() -> int:
-    """Bytes of RAM in the machine, or 0 if the platform does not say."""
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")
+"""Where a container's memory limit is (cgroup v2, then v1)."""
+
+
+def physical_memory(cgroup_limits: tuple[str, ...] = CGROUP_LIMITS) -> int:
+    """Bytes of RAM the process may use: the machine's, or its cgroup's limit if lower.
+
+    A fraction of the host's RAM would put the alarm above a container's
+    limit, where the OOM killer acts first.  0 if the platform does not say.
+    """
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError):
-        return 0
+        ram = 0
+    for path in cgroup_limits:
+        try:
+            with open(path, "rb") as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit() and 0 < int(text) < (ram or int(text) + 1):
+            return int(text)
+    return ram
 
 
 def parse_watermark(value: str) -> float:

@@ -151,6 +151,15 @@ def test_watermark_bytes_resolves_fractions_of_ram():
     assert watermark_bytes(123456.0) == 123456
 
 
+def test_a_container_limit_below_the_ram_is_what_counts(tmp_path):
+    v2, v1 = tmp_path / "memory.max", tmp_path / "limit_in_bytes"
+    v2.write_text("max\n")  # cgroup v2 without a limit
+    v1.write_text("1073741824\n")
+    assert physical_memory((str(v2), str(v1))) == 1073741824
+    v1.write_text(str(2**62))  # v1's "no limit" is a huge number
+    assert physical_memory((str(v2), str(v1))) == physical_memory(())
+
+
 def test_real_measurements_are_plausible():
     assert rss_bytes() > 1024 * 1024
     assert physical_memory() > rss_bytes()
