@@ -250,6 +250,7 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     from mqserver.connlimits import ConnectionLimits, GuardedFactory
 
     limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"])
+    broker.connection_limits = limits
 
     def guarded(factory: Any, label: str, idle: float | None = None) -> GuardedFactory:
         return GuardedFactory(factory, limits, label, reactor, idle)

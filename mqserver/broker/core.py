@@ -66,6 +66,8 @@ class Broker(Topology, Settling, Overflow):
         self.writer = StoreWriter(store, clock) if store.durable else None
         # the memory alarm: off until configured (see mqserver.broker.flow)
         self.flow = MemoryAlarm(clock)
+        # mqserver.connlimits.ConnectionLimits of the listeners (set by makeService), for stats
+        self.connection_limits: Any = None
         # the event journal (mqserver.journal.writer.Journal) or None: each
         # event point appends one small tuple, captured at that moment
         self.journal: Any = None

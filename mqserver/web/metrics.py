@@ -63,6 +63,12 @@ class BrokerCollector:
                                 value=flow.high or 0)
         yield CounterMetricFamily("mqserver_memory_alarms", "Times the memory alarm went on.",
                                   value=flow.alarms)
+        limits = broker.connection_limits
+        if limits is not None:
+            yield CounterMetricFamily(
+                "mqserver_connections_refused",
+                "Connections closed at once for --max-connections(-per-ip).",
+                value=limits.refused)
         yield from self._storage(broker)
 
     def _queues(self, broker: Any, now: float) -> Iterator[Metric]:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from mqserver.connlimits import ConnectionLimits
+
 
 def metric(web, name: str) -> float:
     status, text = web.request("GET", "/metrics")
@@ -66,3 +68,11 @@ def test_memory_alarm_refuses_http_publishes_and_shows_in_health_and_metrics(web
     assert web.request("POST", "/api/queues/jobs/messages", json={"body": "a"})[0] == 201
     assert metric(web, "mqserver_memory_alarm") == 0
     assert metric(web, "mqserver_memory_alarms_total") == 1
+
+
+def test_refused_connections_are_counted_in_metrics(web):
+    limits = ConnectionLimits(total=1)
+    web.broker.connection_limits = limits
+    limits.admit("10.0.0.1")
+    limits.admit("10.0.0.2")
+    assert metric(web, "mqserver_connections_refused_total") == 1
