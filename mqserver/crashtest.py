@@ -292,11 +292,22 @@ class CrashTest:
             threading.Thread(target=self._confirmations, args=(producer,), daemon=True),
             threading.Thread(target=self._consume, args=(consumer, ack_every), daemon=True),
         ]
+        self._killed.clear()
+        with ledger.lock:
+            acked_before = len(ledger.acked)
         for thread in threads:
             thread.start()
+        # the random moment of the crash (a real process, real time) counts
+        # from the first confirmed ack of this cycle, so that on a slow or
+        # busy machine every kill still lands in mixed publish/ack traffic
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with ledger.lock:
+                if len(ledger.acked) > acked_before:
+                    break
+            time.sleep(0.01)
         delay = self.rng.uniform(0.05, self.max_kill_delay)
-        self._killed.clear()
-        time.sleep(delay)  # the random moment of the crash: a real process, real time
+        time.sleep(delay)
         server.kill()
         self._killed.set()
         for thread in threads:
