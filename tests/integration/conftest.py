@@ -36,7 +36,8 @@ class Server:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         expected = {a.split(":")[0].split("=")[-1] for a in args if a.startswith("--protocol")}
         if http:
             expected.add("http")
@@ -58,7 +59,20 @@ class Server:
                 self._seen.notify_all()
 
     def text(self) -> str:
+        """The log so far; once the process has exited, all of it."""
+        if self.process.poll() is not None:
+            self._reader.join(10)  # the reader may still hold the last lines
         with self._seen:
+            return "".join(self.log)
+
+    def wait_for_log(self, needle: str, timeout: float = 30.0) -> str:
+        """The log once it contains ``needle``: the reader thread lags the server a little."""
+        deadline = time.monotonic() + timeout
+        with self._seen:
+            while needle not in "".join(self.log):
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{needle!r} not logged:\n" + "".join(self.log))
+                self._seen.wait(0.1)
             return "".join(self.log)
 
     def stop(self) -> int:

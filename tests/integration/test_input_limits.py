@@ -37,12 +37,12 @@ def test_name_and_id_limits_reach_mqks_and_phpmq(start_server, line_client):
     assert EID.match(replies[1])
     assert replies[2].startswith(b"None error ")
     assert replies[3] == b"p ok alive"
-    assert "name of 9 bytes; at most 8 are allowed" in server.text()  # the eid's log line
+    server.wait_for_log("name of 9 bytes; at most 8 are allowed")  # the eid's log line
 
     sock = socket.create_connection(("127.0.0.1", server.ports["phpmq"]), timeout=10)
     sock.sendall(phpmq.publish(b"q12345678", b"refused"))
     assert _closed(sock) == b""
-    assert "queue name of 9 bytes; at most 8 are allowed" in server.text()
+    server.wait_for_log("queue name of 9 bytes; at most 8 are allowed")
     sock.close()
 
 

@@ -51,7 +51,7 @@ def test_errors_keep_the_connection(connect, mqks_server):
     c.send("p ping fine", "w _eval WORKERS", "q _eval len(state.queues)")
     assert c.read(3) == [b"p ok fine", b"w ok 1", b"q ok 0"]
     eid = lines[1].split(b" ")[2].decode()
-    assert eid in mqks_server.text()
+    mqks_server.wait_for_log(eid)
 
 
 def test_big_line_goes_through(connect):

@@ -56,7 +56,7 @@ def test_priority_and_heartbeats_and_a_dead_worker_rerouted(start_emqp, dealers,
     admin = dealers(server.ports["emqp-admin"])
     wait_for(lambda: list(admin.admin(b"ROUTER_SHOW_WORKERS")["connected_workers"]) == ["low"],
              what="the silent worker to be dropped")
-    assert "removed (silent for" in server.text()
+    server.wait_for_log("removed (silent for")
 
 
 def _recv_alive(worker, timeout: float) -> list[bytes]:
