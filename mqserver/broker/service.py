@@ -97,6 +97,8 @@ class BrokerService(MultiService):
         logged, and was never confirmed to anyone.
         """
         self.running = 0
+        log.info("stopping: no new connections; storage is flushed before {n} connections close",
+                 n=len(self.broker.connections))
         journal = [s for s in self if s is self.broker.journal]
         yield DeferredList([
             d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
@@ -113,6 +115,8 @@ class BrokerService(MultiService):
         if self.broker.writer is not None:
             self.broker.writer.stop()
         yield self.broker.store.close()
+        log.info("stopped: store closed with {ready} messages ready",
+                 ready=self.broker.ready_count())
 
     @inlineCallbacks
     def _flush(self) -> Any:

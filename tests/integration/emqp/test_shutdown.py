@@ -75,6 +75,7 @@ def test_sigterm_says_kbye_keeps_what_was_confirmed_and_forgets_what_was_acked(
     log = server.text()
     assert "Traceback" not in log
     assert "Main loop terminated." in log
+    assert "stopped: store closed with 6 messages ready" in log  # m5..m9 and "held"
 
     again = start_emqp(*args)
     wait_for(lambda: "mqks" in again.ports, what="mqks listener")
