@@ -14,7 +14,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqserver.broker.core import Broker
-from mqserver.interfaces import IClientConnection
+from mqserver.interfaces import IClientConnection, IFlowControlled
 
 log = Logger()
 
@@ -85,7 +85,8 @@ class BrokerService(MultiService):
         """Graceful stop (SIGTERM, SIGINT), in an order that answers what it can.
 
         1. Every listener stops accepting (the journal keeps recording); eMQP
-           says KBYE to its peers as its last socket stops.
+           says KBYE to its peers as its last socket stops; connections stop
+           reading.
         2. Storage is flushed, so confirms whose changes are now durable are
            answered while their connections are still open.
         3. Every client connection is closed, its output flushed first; its
@@ -107,6 +108,7 @@ class BrokerService(MultiService):
         if self._expiry.running:
             self._expiry.stop()
         self.broker.flow.stop()
+        self._stop_reading()
         yield self._flush()
         yield self._close_connections()
         yield self._flush()
@@ -126,6 +128,19 @@ class BrokerService(MultiService):
             writer = self.broker.writer
             log.error("stopping with storage failing: {n} changes were not stored ({e})",
                       n=len(writer.ops) if writer is not None else 0, e=e)
+
+    def _stop_reading(self) -> None:
+        """Read nothing more from clients: a request sent from now on is not taken.
+
+        Through ``IFlowControlled`` (the memory alarm's hook, which MQKS and
+        PHPMQ connections provide); a client whose request is not read gets
+        no answer, so it never takes it as done.  eMQP's sockets are closed
+        by then, and HTTP stopped accepting.
+        """
+        for connection in self.broker.connections.values():
+            client = IFlowControlled(connection.sink, None)
+            if client is not None:
+                client.pause_reading()
 
     def _close_connections(self) -> Deferred[None]:
         """Close every client connection that can be closed; fires once all are gone."""

@@ -9,7 +9,7 @@ from zope.interface import implementer
 
 from mqserver.broker.core import Broker
 from mqserver.broker.service import BrokerService
-from mqserver.interfaces import IClientConnection, IDeliverySink
+from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.storage.memory import MemoryStore
 
 
@@ -127,12 +127,13 @@ class DurableStore(MemoryStore):
         return super().close()
 
 
-@implementer(IDeliverySink, IClientConnection)
+@implementer(IDeliverySink, IClientConnection, IFlowControlled)
 class Client:
     """A connection the server may close; it goes away one reactor turn later."""
 
     def __init__(self, broker: Broker, reactor, log: list[str]) -> None:
         self.broker, self.reactor, self.log = broker, reactor, log
+        self.reading = True
         self.connection = broker.connection_opened("test", "peer", self)
         self.delivered: list = []
 
@@ -141,6 +142,12 @@ class Client:
 
     def queue_changed(self, consumer) -> None:
         pass
+
+    def pause_reading(self) -> None:
+        self.reading = False
+
+    def resume_reading(self) -> None:
+        self.reading = True
 
     def close(self, reason: str) -> None:
         self.log.append(f"closed: {reason}")
@@ -172,6 +179,7 @@ def test_stop_accepts_nothing_answers_confirms_then_closes_connections_and_store
     assert client.delivered == [b"m1"] and len(store.pending) == 1
     stopped = service.stopService()
     assert log == ["stopped accepting"]
+    assert not client.reading  # no more requests are read
     store.pending[0].callback(None)
     assert log == ["stopped accepting", "confirmed", "closed: the server is shutting down"]
     reactor.advance(0)  # the connection goes; its unacked message is requeued (stored)
