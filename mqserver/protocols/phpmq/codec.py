@@ -184,19 +184,24 @@ def remaining_ttl(expires_at: float | None, now: float) -> int:
 class FrameDecoder:
     """Turns a byte stream, split anywhere, into ``Frame``s.
 
-    ``feed`` appends to one ``bytearray``; ``next_frame`` reads from a moving
-    offset and compacts only when the consumed prefix is at least half the
-    buffer, so a stream of any length or chunking costs linear time.  A
-    package's content is not looked at until all of it has arrived, and its
-    length is checked against ``max_content`` when its header arrives, before
-    any of it is buffered for long.  After an error the decoder keeps raising
-    it: the stream has lost its framing.
+    The unread bytes are one immutable ``bytes`` object read at a moving
+    offset, so every header and content is one slice.  ``feed`` only queues
+    what arrives; the queue is joined to the unread bytes when it completes
+    the header or content being waited for (``_need``), so a large content
+    arriving in small chunks is joined once and a stream of any length or
+    chunking costs linear time.  A package's content is not looked at until
+    all of it has arrived, and its length is checked against ``max_content``
+    when its header arrives, before any of it is buffered for long.  After an
+    error the decoder keeps raising it: the stream has lost its framing.
     """
 
     def __init__(self, max_content: int = DEFAULT_MAX_CONTENT) -> None:
         self.max_content = max_content
-        self._buf = bytearray()
+        self._data = b""
         self._pos = 0
+        self._queued: list[bytes] = []
+        self._queued_size = 0
+        self._need = MESSAGE_HEADER_SIZE
         self._error: PHPMQError | None = None
         # the frame being read: type 0 means "expecting a message header"
         self._type = 0
@@ -208,11 +213,12 @@ class FrameDecoder:
         self._length = 0
 
     def feed(self, data: bytes) -> None:
-        self._buf += data
+        self._queued.append(data)
+        self._queued_size += len(data)
 
     def buffered(self) -> int:
         """Bytes received and not yet consumed by a header or a whole package."""
-        return len(self._buf) - self._pos
+        return len(self._data) - self._pos + self._queued_size
 
     def in_frame(self) -> bool:
         """True between a frame's message header and its last package."""
@@ -225,6 +231,13 @@ class FrameDecoder:
         """
         if self._error is not None:
             raise self._error
+        if self._queued and self.buffered() >= self._need:
+            rest = self._data[self._pos :]
+            # one chunk after a whole frame (the usual case) is taken as it is
+            self._data = b"".join([rest, *self._queued] if rest else self._queued)
+            self._pos = 0
+            self._queued = []
+            self._queued_size = 0
         try:
             return self._next()
         except PHPMQError as e:
@@ -232,68 +245,50 @@ class FrameDecoder:
             raise
 
     def _next(self) -> Frame | None:
-        buf = self._buf
+        data = self._data
         pos = self._pos
-        end = len(buf)
-        frame = None
-        while frame is None:
-            if not self._type:
-                if end - pos < MESSAGE_HEADER_SIZE:
-                    break
-                self._message_header(bytes(buf[pos : pos + MESSAGE_HEADER_SIZE]))
-                pos += MESSAGE_HEADER_SIZE
-            elif not self._pkg:
+        end = len(data)
+        if not self._type:
+            if end - pos < MESSAGE_HEADER_SIZE:
+                return self._wait(pos, MESSAGE_HEADER_SIZE)
+            self._message_header(data[pos : pos + MESSAGE_HEADER_SIZE])
+            pos += MESSAGE_HEADER_SIZE
+        while self._missing:
+            if not self._pkg:
                 if end - pos < PACKAGE_HEADER_SIZE:
-                    break
-                self._package_header(bytes(buf[pos : pos + PACKAGE_HEADER_SIZE]))
+                    return self._wait(pos, PACKAGE_HEADER_SIZE)
+                self._package_header(data[pos : pos + PACKAGE_HEADER_SIZE])
                 pos += PACKAGE_HEADER_SIZE
-            else:
-                length = self._length
-                if end - pos < length:
-                    break
-                self._packages[self._pkg] = bytes(buf[pos : pos + length])
-                pos += length
-                self._pkg = 0
-                self._missing -= 1
-            if self._type and not self._pkg and not self._missing:
-                frame = Frame(self._type, self._packages)
-                self._type = 0
-                self._packages = {}
-        if pos == end:
-            buf.clear()
-            pos = 0
-        elif pos > 65536 and pos * 2 > end:
-            del buf[:pos]
-            pos = 0
+            length = self._length
+            if end - pos < length:
+                return self._wait(pos, length)
+            self._packages[self._pkg] = data[pos : pos + length]
+            pos += length
+            self._pkg = 0
+            self._missing -= 1
+        frame = Frame(self._type, self._packages)
+        self._type = 0
+        self._packages = {}
         self._pos = pos
+        self._need = MESSAGE_HEADER_SIZE
         return frame
 
+    def _wait(self, pos: int, need: int) -> None:
+        """Stop at ``pos`` until ``need`` bytes from there have arrived."""
+        self._pos = pos
+        self._need = need
+
     def _message_header(self, header: bytes) -> None:
-        if header[0] != 0x48:  # H
-            raise PHPMQError(f"bad message header flag {header[:1]!r} in {header!r}")
-        if not header[1:].isdigit():
-            raise PHPMQError(f"non-digit message header {header!r}")
-        version, msg_type, count = int(header[1:3]), int(header[3:6]), int(header[6:8])
-        if version != VERSION:
-            raise PHPMQError(f"unsupported protocol version {version:02d}")
-        if msg_type not in TYPE_NAMES:
-            raise PHPMQError(f"unknown message type {msg_type:03d}")
-        expected = _LAYOUT_SETS.get((msg_type, count))
-        if expected is None:
-            raise PHPMQError(
-                f"message type {msg_type:03d} ({TYPE_NAMES[msg_type]}) "
-                f"cannot have {count:02d} packages"
-            )
-        self._type = msg_type
-        self._expected = expected
-        self._missing = count
+        known = _MESSAGE_HEADERS.get(header)  # every valid header, already parsed
+        self._type, self._expected, self._missing = known or _parse_message_header(header)
 
     def _package_header(self, header: bytes) -> None:
-        if header[0] != 0x50:  # P
-            raise PHPMQError(f"bad package header flag {header[:1]!r} in {header!r}")
-        if not header[1:].isdigit():
+        pkg_type = _PACKAGE_TYPES.get(header[:3])
+        if pkg_type is None or not header[3:].isdigit():
+            if header[0] != 0x50:  # P
+                raise PHPMQError(f"bad package header flag {header[:1]!r} in {header!r}")
             raise PHPMQError(f"non-digit package header {header!r}")
-        pkg_type, length = int(header[1:3]), int(header[3:])
+        length = int(header[3:])
         if pkg_type not in self._expected:
             raise PHPMQError(
                 f"package type {pkg_type:02d} does not belong in message type "
@@ -305,6 +300,37 @@ class FrameDecoder:
             raise PHPMQError(f"content length {length} above the limit of {self.max_content}")
         self._pkg = pkg_type
         self._length = length
+
+
+def _parse_message_header(header: bytes) -> tuple[int, frozenset[int], int]:
+    """(type, package types, count) of a message header, or the reason it is
+    malformed.  It builds ``_MESSAGE_HEADERS``, which holds every valid one,
+    so the decoder calls it only to raise that reason."""
+    if header[0] != 0x48:  # H
+        raise PHPMQError(f"bad message header flag {header[:1]!r} in {header!r}")
+    if not header[1:].isdigit():
+        raise PHPMQError(f"non-digit message header {header!r}")
+    version, msg_type, count = int(header[1:3]), int(header[3:6]), int(header[6:8])
+    if version != VERSION:
+        raise PHPMQError(f"unsupported protocol version {version:02d}")
+    if msg_type not in TYPE_NAMES:
+        raise PHPMQError(f"unknown message type {msg_type:03d}")
+    expected = _LAYOUT_SETS.get((msg_type, count))
+    if expected is None:
+        raise PHPMQError(
+            f"message type {msg_type:03d} ({TYPE_NAMES[msg_type]}) "
+            f"cannot have {count:02d} packages"
+        )
+    return msg_type, expected, count
+
+
+#: Every valid message header, parsed: one dict lookup per frame.
+_MESSAGE_HEADERS = {
+    header: _parse_message_header(header)
+    for header in (b"H%02d%03d%02d" % (VERSION, msg_type, count) for msg_type, count in LAYOUTS)
+}
+#: Package header flag and type digits (``P00`` to ``P99``) to the type.
+_PACKAGE_TYPES = {b"P%02d" % n: n for n in range(100)}
 
 
 def decode(data: bytes, max_content: int = DEFAULT_MAX_CONTENT) -> list[Frame]:
