@@ -12,8 +12,6 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "_ext"))
 
-from sphinx.application import Sphinx  # noqa: E402
-
 import mqserver  # noqa: E402  (after the path set-up, for the version)
 
 project = "mqserver"
@@ -42,19 +40,3 @@ autodoc_default_options = {"members": True, "show-inheritance": True}
 
 html_theme = "alabaster"
 html_title = f"mqserver {release}"
-
-# Pages other work adds (the analytics guide, the operations page) join the
-# table of contents as soon as their file exists, so adding one cannot fail
-# the warnings-as-errors build with "document isn't included in any toctree".
-OPTIONAL_PAGES = ["analytics", "operations"]
-
-
-def _add_optional_pages(app: Sphinx, docname: str, source: list[str]) -> None:
-    if docname != "index":
-        return
-    present = "".join(f"   {page}\n" for page in OPTIONAL_PAGES if (HERE / f"{page}.md").exists())
-    source[0] = source[0].replace("   http-reference\n", "   http-reference\n" + present, 1)
-
-
-def setup(app: Sphinx) -> None:
-    app.connect("source-read", _add_optional_pages)

@@ -41,7 +41,7 @@ def test_every_page_is_built(html):
     pages = {p.relative_to(html).as_posix() for p in html.rglob("*.html")}
     assert {"index.html", "quickstart.html", "deployment.html", "http-reference.html",
             "api.html", "storage.html", "plugins.html", "performance.html",
-            "protocols/mqks.html", "protocols/phpmq.html", "protocols/emqp.html"} <= pages
+            "operations.html", "analytics.html", "protocols/mqks.html", "protocols/phpmq.html", "protocols/emqp.html"} <= pages
 
 
 def test_options_page_has_every_option(html):
