@@ -85,6 +85,21 @@ def test_short_lines_and_unknown_actions_get_error_ids(h):
     assert c.lines() == [b"p1 ok still here"]
 
 
+def test_settling_checks_ids_only_where_they_matched_nothing(h):
+    c = h.connect()
+    c.send("c consume --manual-ack q e", "m publish e x")
+    assert c.lines() == [b"c ok m event=e x"]
+    # a bad message id for a known consumer, and a bad consumer id (with or
+    # without a bad message id), are errors; a good unknown id is ignored
+    c.send("a1 ack c m\x01", "a2 ack c\x01 m", "a3 ack nobody m\x01", "a4 ack c m2")
+    lines = c.lines()
+    assert [line.split(b" ")[0] for line in lines] == [b"a1", b"a2", b"a3"]
+    assert all(EID.search(line) for line in lines)
+    c.send("a5 ack --confirm c m")
+    assert c.lines() == [b"a5 ok "]
+    assert h.broker.queues[b"q"].acked == 1
+
+
 def test_crlf_and_trailing_spaces_are_stripped(h):
     c = h.connect()
     c.protocol.dataReceived(b"p1 ping hi  \r\n")
