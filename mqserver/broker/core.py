@@ -245,7 +245,8 @@ class Broker(Topology, Settling, Overflow):
         if message.expires_at is not None:
             queue.ttl_ready += 1
             heapq.heappush(self._expiry, (message.expires_at, queue.name))
-        self._op((ENQUEUE, message))
+        if self.writer is not None:  # the hot path skips _op's call without a durable store
+            self.writer.add((ENQUEUE, message))
         if queue.consumers:
             self._kick(queue)
 
@@ -356,6 +357,21 @@ class Broker(Topology, Settling, Overflow):
             self._dirty[queue.name] = queue
             if self._pump_call is None:
                 self._pump_call = self.clock.callLater(0, self._pump)
+
+    def pump_now(self) -> None:
+        """Dispatch what was made ready since the last pump now, not at the next reactor turn.
+
+        A protocol calls it at the end of each received chunk: at a low rate
+        every message is a turn of its own, and dispatching in the turn that
+        published (or acked) it saves a timer and a reactor iteration per
+        message.  A pipelined chunk still dispatches once for all its lines,
+        and the pump stays bounded (``dispatch_batch`` per queue; the rest
+        goes to the next turn), so a backlog never blocks the reactor.
+        """
+        call = self._pump_call
+        if call is not None:
+            call.cancel()
+            self._pump()
 
     def _pump(self) -> None:
         self._pump_call = None

@@ -41,6 +41,7 @@ class Settling:
     _seq: int
     _expiry: list[tuple[float, bytes]]
     journal: Any
+    writer: Any
 
     # -- settling -----------------------------------------------------------
 
@@ -54,7 +55,8 @@ class Settling:
         if self.journal is not None:
             # slim: the journal knows the rest from the delivery
             self.journal.append((ACKED, self.clock.seconds(), consumer.key, message_id, None))
-        self._op((REMOVE, queue.name, message.seq))
+        if self.writer is not None:  # the hot path skips _op's call without a durable store
+            self.writer.add((REMOVE, queue.name, message.seq))
         self._kick(queue)
         return True
 

@@ -19,7 +19,7 @@ from twisted.python import usage
 
 from mqserver import tap
 from mqserver.broker.core import Broker
-from mqserver.limits import LimitError, Limits
+from mqserver.limits import LimitError, Limits, find_control
 from mqserver.protocols.emqp import codec as emqp
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.mqks.protocol import MQKSFactory
@@ -50,6 +50,20 @@ def test_names_within_the_rules_pass_unchanged(value):
 def test_names_breaking_the_rules_are_refused_with_the_reason(value, reason):
     with pytest.raises(LimitError, match=reason):
         SMALL.check_name(value, "queue name")
+
+
+def test_find_control_matches_the_checks_at_the_edges():
+    """The inlined fast test (length, then ``find_control``) accepts exactly what the checks do."""
+    for value in (b"x" * 6, b" ~\x80\xff", b"a\x1f", b"\x7f", b"\x00", b"x" * 7, b""):
+        fast = 0 < len(value) <= SMALL.max_id and find_control(value) is None
+        try:
+            SMALL.check_id(value)
+        except LimitError:
+            assert not fast, value
+        else:
+            assert fast, value
+    assert find_control(b"a\x1fb").group() == b"\x1f"
+    assert find_control(b"\x20\x7e\x80") is None
 
 
 def test_ids_have_their_own_length_and_the_callers_error_type():
@@ -89,6 +103,7 @@ def mqks():
 
     send.broker = broker  # type: ignore[attr-defined]
     send.transport = transport  # type: ignore[attr-defined]
+    send.factory = protocol.factory  # type: ignore[attr-defined]
     return send
 
 
@@ -224,3 +239,20 @@ def test_limit_options_must_be_positive():
     for bad in ("--max-name-bytes=0", "--max-id-bytes=-1", "--max-headers=x"):
         with pytest.raises(usage.UsageError):
             tap.Options().parseOptions([bad])
+
+
+def test_mqks_a_bad_event_name_is_refused_every_time_and_good_ones_are_remembered(mqks):
+    """Valid event names skip the check next time; an invalid one is never remembered."""
+    for _ in range(2):
+        [reply] = mqks(b"m1 publish e123456789 hi")
+        assert reply.startswith(b"m1 error ")
+    assert mqks(b"m2 publish e1 hi") == []
+    assert mqks.factory.checked_events == {b"e1"}
+
+
+def test_mqks_remembered_event_names_are_bounded(mqks, monkeypatch):
+    monkeypatch.setattr("mqserver.protocols.mqks.protocol.CHECKED_EVENTS", 3)
+    for n in range(7):
+        mqks(b"m publish e%d hi" % n)
+        assert len(mqks.factory.checked_events) <= 3
+    assert b"e6" in mqks.factory.checked_events

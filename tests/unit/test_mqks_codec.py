@@ -87,7 +87,10 @@ def test_parse_settle_and_single():
     assert codec.parse_settle(b"--confirm c1 --all") == (True, b"c1", b"--all")
     assert codec.parse_settle(b"c1 m1") == (False, b"c1", b"m1")
     assert codec.parse_single(b"--confirm q", "queue") == (True, b"q")
-    for bad in (b"c1", b"c1 m1 x", b""):
+    # the fast path (two parts, no --confirm) and what it must leave to the slow one
+    assert codec.parse_settle(b"--confirm c1 m1") == (True, b"c1", b"m1")
+    assert codec.parse_settle(b"--confirmx m1") == (False, b"--confirmx", b"m1")
+    for bad in (b"c1", b"c1 m1 x", b"", b"--confirm c1", b"c1 ", b" m1", b"--confirm  m1"):
         with pytest.raises(MQKSError):
             codec.parse_settle(bad)
     with pytest.raises(MQKSError):

@@ -398,3 +398,32 @@ def test_confirm_waits_until_the_store_made_it_durable():
     assert c.lines() == [b"p ok now"]
     SlowDurable.pending.pop().callback(None)
     assert c.lines() == [b"m1 ok "]
+
+
+def test_a_publish_is_delivered_within_the_chunk_that_made_it():
+    """The pump runs at the end of the received chunk: no reactor turn between a
+    publish and its delivery (a consumer on the same connection gets it in the
+    same write as the chunk's replies)."""
+    h = Harness()
+    c = h.connect()
+    c.send("c1 consume q e")
+    c.transport.clear()
+    c.protocol.dataReceived(b"m1 publish e one\np ping x\n")
+    assert c.transport.value() == b"p ok x\nc1 ok m1 event=e one\n"
+    assert not h.clock.getDelayedCalls()
+
+
+def test_the_pump_at_the_end_of_a_chunk_stays_bounded():
+    """A backlog larger than the dispatch batch is not dispatched in one go by
+    the chunk that woke it: the rest goes to later turns."""
+    h = Harness()
+    h.broker = Broker(MemoryStore(), h.clock, dispatch_batch=3)
+    h.factory = MQKSFactory(h.broker)
+    publisher, consumer = h.connect(), h.connect()
+    publisher.send("rb rebind q e")
+    publisher.protocol.dataReceived(b"".join(b"m%d publish e x\n" % n for n in range(8)))
+    consumer.protocol.dataReceived(b"c1 consume q\n")
+    assert len(consumer.transport.value().splitlines()) == 3
+    assert h.clock.getDelayedCalls()  # the pump comes back next turn
+    h.clock.advance(0)
+    assert len(consumer.transport.value().splitlines()) == 8

@@ -59,7 +59,9 @@ def escape_body(body: bytes) -> bytes:
 
 def delivery(consumer_id: bytes, message: Message) -> bytes:
     event = message.event if message.event is not None else message.queue
-    body = escape_body(message.body)
+    body = message.body
+    if b"\n" in body or b"\r" in body:
+        body = escape_body(body)
     if message.retry:
         return b"%s ok %s event=%s,retry=%d %s\n" % (
             consumer_id, message.id, event, message.retry, body,
@@ -205,6 +207,9 @@ def parse_rebind(data: bytes) -> RebindArgs:
 
 def parse_settle(data: bytes) -> tuple[bool, bytes, bytes]:
     """``[--confirm] {consumer_id} {msg_id|--all}`` for ack and reject."""
+    parts = data.split(b" ")
+    if len(parts) == 2 and parts[0] != CONFIRM and parts[0] and parts[1]:
+        return False, parts[0], parts[1]  # the common case: no --confirm
     confirm, data = split_confirm(data)
     parts = data.split(b" ")
     if len(parts) != 2 or not parts[0] or not parts[1]:

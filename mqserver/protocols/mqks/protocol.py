@@ -20,7 +20,7 @@ from zope.interface import implementer
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
-from mqserver.limits import Limits
+from mqserver.limits import Limits, find_control
 from mqserver.model import Message
 from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.mqks import codec
@@ -29,6 +29,9 @@ from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
 from mqserver.protocols.mqks.stats_view import stats_names
 
 log = Logger()
+
+CHECKED_EVENTS = 4096
+"""How many valid event names an MQKS factory remembers."""
 
 
 class MQKSFactory(Factory):
@@ -42,6 +45,16 @@ class MQKSFactory(Factory):
         self.limits = limits or Limits()
         self.consumers: dict[bytes, Consumer] = {}
         self.workers: list[str] = []
+        # event names that passed the name check: a publish looks its event up
+        # here instead of checking it again (bounded: cleared when full)
+        self.checked_events: set[bytes] = set()
+
+    def check_event(self, event: bytes) -> None:
+        """Raise ``MQKSError`` unless ``event`` is a valid name; remember the valid ones."""
+        self.limits.check_name(event, "name", MQKSError)
+        if len(self.checked_events) >= CHECKED_EVENTS:
+            self.checked_events.clear()
+        self.checked_events.add(event)
 
     def buildProtocol(self, addr: Any) -> MQKSProtocol:
         protocol = MQKSProtocol(self)
@@ -73,6 +86,8 @@ class MQKSProtocol(Backpressure, Protocol):
         self.broker = factory.broker
         self.max_line = factory.max_line
         self.limits = factory.limits
+        self._max_id = self.limits.max_id
+        self._checked_events = factory.checked_events
         self.connection: Any = None
         self._pending: list[bytes] = []
         self._pending_size = 0
@@ -164,6 +179,8 @@ class MQKSProtocol(Backpressure, Protocol):
             if self._pending_size > self.max_line:
                 self._line_too_long()
         finally:
+            # deliveries to this connection join its replies in one write
+            self.broker.pump_now()
             self._receiving = False
             self._flush()
 
@@ -173,12 +190,13 @@ class MQKSProtocol(Backpressure, Protocol):
             self._error(b"None", "a request needs an id, an action and data")
             return
         request_id, action, data = parts
-        try:
-            self.limits.check_id(request_id, "request id", MQKSError)
-        except MQKSError as e:
-            # not echoed: the id itself is what is wrong (too long, control characters)
-            self._error(b"None", str(e))
-            return
+        if not 0 < len(request_id) <= self._max_id or find_control(request_id) is not None:
+            try:
+                self.limits.check_id(request_id, "request id", MQKSError)
+            except MQKSError as e:
+                # not echoed: the id itself is what is wrong (too long, control characters)
+                self._error(b"None", str(e))
+                return
         handler = self._actions.get(action)
         if handler is None:
             self._error(request_id, f"unknown action {action!r}")
@@ -279,7 +297,8 @@ class MQKSProtocol(Backpressure, Protocol):
         event, _, body = data.partition(b" ")
         if not event or not body:
             raise MQKSError("publish needs an event and data")
-        self._names([event])
+        if event not in self._checked_events:
+            self.factory.check_event(event)
         if not self._publisher:
             self._publishing()
         self.broker.publish_event(event, request_id, body, None, None, "mqks")
