@@ -41,6 +41,7 @@ from mqserver.model import (
     QueueOptions,
     Recovered,
     RecoveredQueue,
+    share_recovered_values,
 )
 from mqserver.storage import log_records as records
 from mqserver.storage.errors import StoreFormatError
@@ -155,6 +156,7 @@ class Replay:
                 set(self.index.bindings.get(name, ())),
                 [by_seq[seq] for seq in sorted(by_seq)],
             )
+        share_recovered_values(recovered.queues.values())
         return recovered
 
 

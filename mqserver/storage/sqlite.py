@@ -63,6 +63,7 @@ from mqserver.model import (
     QueueOptions,
     Recovered,
     RecoveredQueue,
+    share_recovered_values,
 )
 from mqserver.storage.errors import StoreClosedError, StoreFormatError, StoreLockedError
 from mqserver.storage.worker import StoreThread
@@ -346,6 +347,7 @@ class SQLiteStore:
             recovered.records.setdefault(namespace, {})[key] = value
         stored = db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
         recovered.next_seq = max(next_seq, stored[0] if stored else 1)
+        share_recovered_values(queues.values())
         return recovered
 
     def _apply_thd(self, statements: Statements, next_seq: int) -> None:

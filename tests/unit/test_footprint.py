@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
+import pytest_twisted
+
+from mqserver.model import ENQUEUE, RecoveredQueue, share_recovered_values
+from mqserver.storage.log import LogStore
+from mqserver.storage.sqlite import SQLiteStore
+from mqserver.testing import message
 
 
 def test_messages_share_the_bound_event_name(broker):
@@ -46,3 +56,41 @@ def test_a_clock_going_back_is_not_hidden_by_the_shared_time(broker, clock):
     clock.rightNow = 9.9995
     broker.publish_to_queue(b"q", b"m2", b"b")
     assert [m.created_at for m in broker.queues[b"q"].ready] == [10.0, 9.9995]
+
+
+@pytest.fixture(params=["sqlite", "log"])
+def make_store(request, tmp_path: Path) -> Callable[[], Any]:
+    if request.param == "sqlite":
+        return lambda: SQLiteStore(tmp_path / "mqserver.sqlite3")
+    return lambda: LogStore(tmp_path / "log")
+
+
+@pytest_twisted.inlineCallbacks
+def test_recovered_messages_share_equal_names_sources_and_times(make_store):
+    published = [
+        message(seq, b"q%d" % (seq % 2), event=b".".join([b"user", b"created"]),
+                source="".join(["mq", "ks"]), created_at=float(1000 + seq // 10),
+                expires_at=float(2000 + seq // 10))
+        for seq in range(1, 21)
+    ]
+    store = make_store()
+    yield store.open()
+    yield store.apply([(ENQUEUE, m) for m in published])
+    yield store.close()
+    store = make_store()
+    recovered = yield store.open()
+    yield store.close()
+    messages = [m for rq in recovered.queues.values() for m in rq.messages]
+    assert sorted(m.as_tuple() for m in messages) == sorted(m.as_tuple() for m in published)
+    for rq in recovered.queues.values():
+        assert all(m.queue is rq.name for m in rq.messages)
+    assert len({id(m.event) for m in messages}) == 1
+    assert len({id(m.source) for m in messages}) == 1
+    assert len({id(m.created_at) for m in messages}) == len({m.created_at for m in messages})
+    assert len({id(m.expires_at) for m in messages}) == len({m.expires_at for m in messages})
+
+
+def test_sharing_leaves_absent_values_absent():
+    bare = message(1, event=None, source=None, expires_at=None)
+    share_recovered_values([RecoveredQueue(b"q", messages=[bare])])
+    assert (bare.event, bare.source, bare.expires_at) == (None, None, None)
