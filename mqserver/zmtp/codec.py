@@ -97,13 +97,23 @@ def encode_frame(body: bytes, more: bool = False) -> bytes:
     return frame_header(len(body), MORE if more else 0) + body
 
 
-def encode_message(frames: list[bytes]) -> bytes:
-    """A multipart message: MORE on every frame but the last."""
-    last = len(frames) - 1
+_SHORT_MORE = [bytes((MORE, size)) for size in range(MAX_SHORT + 1)]
+_SHORT_LAST = [bytes((0, size)) for size in range(MAX_SHORT + 1)]
+
+
+def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
+    """A multipart message: MORE on every frame but the last.
+
+    Short headers come from tables: this runs for every message sent."""
+    if not frames:
+        return b""
     parts = []
-    for i, body in enumerate(frames):
-        parts.append(frame_header(len(body), MORE if i < last else 0))
+    for body in frames:
+        size = len(body)
+        parts.append(_SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE))
         parts.append(body)
+    size = len(frames[-1])
+    parts[-2] = _SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
     return b"".join(parts)
 
 
@@ -197,30 +207,169 @@ class FrameDecoder:
         frames: list[tuple[int, bytes]] = []
         offset, end = 0, len(buffer)
         while offset < end:
-            flags = buffer[offset]
-            if flags & _RESERVED:
-                raise ZMTPError(f"reserved frame flag bits set: {flags:#04x}")
-            if flags & COMMAND and flags & MORE:
-                raise ZMTPError("a command frame cannot have MORE set")
-            if flags & LONG:
-                if end - offset < 9:
-                    break
-                (size,) = _U64.unpack_from(buffer, offset + 1)
-                start = offset + 9
-            else:
-                if end - offset < 2:
-                    break
-                size = buffer[offset + 1]
-                start = offset + 2
-            if size > self.max_frame:
-                raise TooLargeError(f"frame of {size} bytes is over the {self.max_frame} limit")
-            if end - start < size:
+            found = _header(buffer, offset, self.max_frame)
+            if found is None or found[2] > end:
                 break
-            frames.append((flags, bytes(buffer[start : start + size])))
-            offset = start + size
+            flags, start, stop = found
+            frames.append((flags, bytes(buffer[start:stop])))
+            offset = stop
         if offset:
             del buffer[:offset]
         return frames
 
     def buffered(self) -> int:
         return len(self._buffer)
+
+
+class MessageDecoder:
+    """Turns a byte stream (after the greeting) into whole multipart messages.
+
+    ``feed`` decodes every complete frame of a chunk in one loop and returns,
+    in wire order, each complete message as a ``list`` of frame bodies and
+    each command frame as its ``bytes`` body.  A message's frames are its
+    own until its last one arrives, so a message split over chunks comes
+    back once, whole.  ``frame`` takes one frame at a time, for the
+    handshake (before it, a message frame is an error, not part of a message).
+
+    Limits, checked as the frames arrive: a frame over ``max_message`` bytes
+    as soon as its header is in (a peer cannot make us hold 2 GiB by
+    announcing it), a message over ``max_message`` bytes on the wire (headers
+    included: a flood of empty frames counts too) and a message of more than
+    ``max_frames`` frames.  The first broken rule is kept in ``error`` and
+    ``feed`` returns what came before it, so those are still handled.
+
+    Bytes of an incomplete frame wait in a list until enough are in to
+    finish it (``_need``), so a long frame arriving in many chunks costs
+    O(n), not O(n^2).
+    """
+
+    def __init__(self, max_message: int, max_frames: int) -> None:
+        self.max_message = max_message
+        self.max_frames = max_frames
+        self.error: ZMTPError | None = None
+        self._waiting: list[bytes] = []  # the unparsed tail of the stream
+        self._waiting_size = 0
+        self._need = 0  # bytes the first incomplete frame needs in all
+        self._parts: list[bytes] = []  # frames of the message in progress
+        self._size = 0  # its wire size so far
+
+    def buffered(self) -> int:
+        """Bytes of an incomplete frame held."""
+        return self._waiting_size
+
+    def in_progress(self) -> int:
+        """Wire bytes of the incomplete message's frames so far."""
+        return self._size
+
+    def _take(self, data: bytes) -> bytes:
+        """``data`` after what waited, or b"" while the frame is still incomplete."""
+        if not self._waiting:
+            return data
+        self._waiting.append(data)
+        self._waiting_size += len(data)
+        if self._waiting_size < self._need:
+            return b""
+        data = b"".join(self._waiting)
+        self._waiting, self._waiting_size = [], 0
+        return data
+
+    def _keep(self, data: bytes, offset: int, need: int) -> None:
+        """Keep ``data[offset:]``, the start of a frame that needs ``need`` bytes in all."""
+        if offset >= len(data):
+            self._waiting, self._waiting_size = [], 0
+            return
+        rest = data[offset:] if offset else data
+        self._waiting, self._waiting_size, self._need = [rest], len(rest), need
+
+    def frame(self, data: bytes = b"") -> tuple[int, bytes] | None:
+        """The next whole frame as ``(flags, body)``, or None until it is in."""
+        if data:
+            self._waiting.append(data)
+        data = b"".join(self._waiting)
+        found = _header(data, 0, self.max_message)
+        if found is None or found[2] > len(data):
+            self._keep(data, 0, found[2] if found else _header_size(data))
+            return None
+        flags, start, stop = found
+        self._keep(data, stop, 0)
+        return flags, data[start:stop]
+
+    def feed(self, data: bytes) -> list[list[bytes] | bytes]:
+        """Every whole message and command in what arrived so far (see the class doc)."""
+        data = self._take(data)
+        out: list[list[bytes] | bytes] = []
+        if not data:
+            return out
+        parts, size = self._parts, self._size
+        max_message, max_frames = self.max_message, self.max_frames
+        offset, end = 0, len(data)
+        try:
+            while end - offset >= 2:
+                flags = data[offset]
+                if flags <= MORE:
+                    # the common case: a short message frame (0-255 bytes)
+                    start = offset + 2
+                    stop = start + data[offset + 1]
+                    frame_size = stop - offset
+                else:
+                    found = _header(data, offset, max_message)
+                    if found is None:
+                        break
+                    flags, start, stop = found
+                    frame_size = stop - offset
+                if stop > end:
+                    break
+                body = data[start:stop]
+                offset = stop
+                if flags & COMMAND:
+                    out.append(body)
+                    continue
+                size += frame_size
+                if size > max_message:
+                    raise TooLargeError(f"message over the {max_message} byte limit")
+                parts.append(body)
+                if flags & MORE:
+                    if len(parts) >= max_frames:
+                        raise TooLargeError(f"message of more than {max_frames} frames")
+                    continue
+                out.append(parts)
+                parts, size = [], 0
+            # the incomplete frame left, if any: its flags and size are checked now
+            found = _header(data, offset, max_message)
+        except ZMTPError as e:
+            self.error = e
+            return out
+        self._parts, self._size = parts, size
+        self._keep(data, offset, found[2] - offset if found else _header_size(data[offset:]))
+        return out
+
+
+def _header_size(data: bytes) -> int:
+    """Bytes the frame header at the start of ``data`` takes (2, or 9 with LONG)."""
+    return 9 if data and data[0] & LONG else 2
+
+
+def _header(data: bytes | bytearray, offset: int, max_frame: int) -> tuple[int, int, int] | None:
+    """``(flags, body start, body end)`` of the frame at ``offset``, or None while
+    its header is incomplete; raises for reserved flags or a frame over ``max_frame``."""
+    end = len(data)
+    if end <= offset:
+        return None
+    flags = data[offset]
+    if flags & _RESERVED:
+        raise ZMTPError(f"reserved frame flag bits set: {flags:#04x}")
+    if flags & COMMAND and flags & MORE:
+        raise ZMTPError("a command frame cannot have MORE set")
+    if flags & LONG:
+        if end - offset < 9:
+            return None
+        (size,) = _U64.unpack_from(data, offset + 1)
+        start = offset + 9
+    else:
+        if end - offset < 2:
+            return None
+        size = data[offset + 1]
+        start = offset + 2
+    if size > max_frame:
+        raise TooLargeError(f"frame of {size} bytes is over the {max_frame} limit")
+    return flags, start, start + size

@@ -38,7 +38,7 @@ from zope.interface import implementer
 
 from mqserver.interfaces import IFlowControlled
 from mqserver.zmtp import codec
-from mqserver.zmtp.codec import COMMAND, LONG, MORE, ZMTPError
+from mqserver.zmtp.codec import COMMAND, ZMTPError
 
 log = Logger()
 
@@ -126,10 +126,14 @@ class ZMTPRouterFactory(Factory):
 
     def send(self, identity: bytes, frames: list[bytes]) -> None:
         """Send a multipart message to the peer ``identity`` or raise ``UnroutableError``."""
+        self.send_encoded(identity, codec.encode_message(frames))
+
+    def send_encoded(self, identity: bytes, data: bytes) -> None:
+        """``send`` for a message already encoded (``codec.encode_message``)."""
         connection = self.peers.get(identity)
         if connection is None:
             raise UnroutableError(identity)
-        connection.send_message(frames)
+        connection.write(data)
 
     def generate_identity(self) -> bytes:
         self._next_id = (self._next_id + 1) & 0xFFFFFFFF
@@ -181,15 +185,16 @@ class ZMTPConnection(TwistedProtocol):
         self.version = (3, 0)
         self._state = _GREETING
         self._greeting = b""
-        self._decoder = codec.FrameDecoder(factory.max_message_size)
-        self._parts: list[bytes] = []
-        self._size = 0
+        self._decoder = codec.MessageDecoder(factory.max_message_size, factory.max_frames)
         self._lost = False
         self._waiters: list[Deferred[None]] = []
         self._handshake_timer: Any = None
         self.paused = False
         self.publisher = False  # registered with the memory alarm (see IFlowControlled)
         self._holds: set[str] = set()
+        # while a chunk's messages are handled, what we send them waits here
+        # and goes out in one write (see ``write``)
+        self._batch: list[bytes] | None = None
 
     def connectionMade(self) -> None:
         address = self.transport.getPeer()
@@ -220,6 +225,7 @@ class ZMTPConnection(TwistedProtocol):
         self._waiters.append(waiter)
         if self._state != _CLOSED:
             self._state = _CLOSED
+            self._flush()
             # a paused producer would keep the transport open once it drained
             self.transport.unregisterProducer()
             self.transport.loseConnection()
@@ -263,8 +269,18 @@ class ZMTPConnection(TwistedProtocol):
     def resume_reading(self) -> None:
         self.release_reading("memory")
 
-    def send_message(self, frames: list[bytes]) -> None:
-        self.transport.write(codec.encode_message(frames))
+    def write(self, data: bytes) -> None:
+        """Write encoded frames; joined into one write while a chunk is handled."""
+        batch = self._batch
+        if batch is not None:
+            batch.append(data)
+        else:
+            self.transport.write(data)
+
+    def _flush(self) -> None:
+        batch, self._batch = self._batch, None
+        if batch and not self._lost:
+            self.transport.write(b"".join(batch))
 
     # -- input --------------------------------------------------------------
 
@@ -272,19 +288,19 @@ class ZMTPConnection(TwistedProtocol):
         if self._state == _CLOSED:
             return
         try:
-            if self._state == _GREETING:
-                data = self._read_greeting(data)
-                if not data:
+            if self._state != _READY:
+                self._before_ready(data)
+                if self._state != _READY:
                     return
-            for flags, body in self._decoder.feed(data):
-                if self._state == _CLOSED:
-                    return
-                if self._state == _HANDSHAKE:
-                    self._handshake(flags, body)
-                elif flags & COMMAND:
-                    self._command(body)
-                else:
-                    self._frame(flags, body)
+                data = b""  # the rest of it waits in the decoder
+            decoder = self._decoder
+            self._batch = []
+            try:
+                self._dispatch(decoder.feed(data))
+            finally:
+                self._flush()
+            if decoder.error is not None and self._state != _CLOSED:
+                raise decoder.error
         except codec.TooLargeError as e:
             # ZMTP 3.1's ERROR command tells the peer why before we close; a 3.0
             # peer does not know the command, so it only sees the close
@@ -293,6 +309,32 @@ class ZMTPConnection(TwistedProtocol):
             self._fail(str(e))
         except ZMTPError as e:
             self._fail(str(e))
+
+    def _before_ready(self, data: bytes) -> None:
+        """The greeting, then the handshake a frame at a time (a message frame
+        before READY is an error, not part of a message)."""
+        if self._state == _GREETING:
+            data = self._read_greeting(data)
+        while self._state == _HANDSHAKE and (frame := self._decoder.frame(data)) is not None:
+            data = b""
+            self._handshake(*frame)
+
+    def _dispatch(self, items: list[list[bytes] | bytes]) -> None:
+        """Hand each decoded message to the handler and answer each command."""
+        handler, factory, identity = self.factory.handler, self.factory, self.identity
+        for item in items:
+            if self._state == _CLOSED or identity is None:
+                return
+            if item.__class__ is list:
+                try:
+                    handler.message_received(factory, identity, item)
+                except Exception:
+                    log.failure(
+                        "{name}: handling a message from {identity} failed",
+                        name=factory.name, identity=describe(identity),
+                    )
+            else:
+                self._command(item)
 
     def _read_greeting(self, data: bytes) -> bytes:
         greeting = self._greeting + data
@@ -343,36 +385,10 @@ class ZMTPConnection(TwistedProtocol):
         name, data = codec.parse_command(body)
         if name == b"PING":
             _ttl, context = codec.parse_ping(data)
-            self.transport.write(codec.pong_command(context))
+            self.write(codec.pong_command(context))
         elif name == b"ERROR":
             raise ZMTPError(f"peer sent ERROR: {data[1:]!r}")
         # PONG, SUBSCRIBE, CANCEL and unknown commands mean nothing to a ROUTER
-
-    def _frame(self, flags: int, body: bytes) -> None:
-        # wire size, headers included: a flood of empty frames counts too
-        self._size += len(body) + (9 if flags & LONG else 2)
-        if self._size > self.factory.max_message_size:
-            raise codec.TooLargeError(
-                f"message over the {self.factory.max_message_size} byte limit"
-            )
-        self._parts.append(body)
-        if flags & MORE:
-            if len(self._parts) >= self.factory.max_frames:
-                raise codec.TooLargeError(
-                    f"message of more than {self.factory.max_frames} frames"
-                )
-            return
-        frames, self._parts, self._size = self._parts, [], 0
-        identity = self.identity
-        if identity is None:
-            return
-        try:
-            self.factory.handler.message_received(self.factory, identity, frames)
-        except Exception:
-            log.failure(
-                "{name}: handling a message from {identity} failed",
-                name=self.factory.name, identity=describe(identity),
-            )
 
     def _stop_handshake_timer(self) -> None:
         if self._handshake_timer is not None and self._handshake_timer.active():

@@ -87,7 +87,7 @@ def test_one_input(data: bytes) -> None:
             payload = handshake(b"fuzz") + payload
 
         def bounded() -> None:
-            if peer._decoder.buffered() > MAX_MESSAGE + 9 or peer._size > MAX_MESSAGE:
+            if peer._decoder.buffered() > MAX_MESSAGE + 9 or peer._decoder.in_progress() > MAX_MESSAGE:
                 raise AssertionError("more buffered than the limits allow")
             worker_wire.clear()
 

@@ -114,3 +114,22 @@ def test_parse_accepts_or_rejects_any_frames_cleanly(frames):
         assert len(frames) < 4 or frames[0]
     else:
         assert envelope.body == frames[4:]
+
+
+def test_new_msgid_is_a_uuid4_string_like_eventmq_sends():
+    import uuid
+
+    for _ in range(200):
+        msgid = codec.new_msgid().decode("ascii")
+        value = uuid.UUID(msgid)
+        assert str(value) == msgid
+        assert value.version == 4 and value.variant == uuid.RFC_4122
+
+
+def test_encode_is_the_zmtp_encoding_of_message():
+    from mqserver.zmtp import codec as zmtp
+
+    for command, msgid, body in [(codec.REPLY, b"m1", ()), (codec.ACK, b"", ()),
+                                 (codec.REQUEST, b"i" * 300, (b"q", b"", b"p" * 256))]:
+        expected = zmtp.encode_message(codec.message(command, *body, msgid=msgid))
+        assert codec.encode(command, msgid, *body) == expected

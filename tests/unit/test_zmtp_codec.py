@@ -193,3 +193,78 @@ def test_the_decoder_never_fails_except_with_zmtp_errors(data):
     consumed = sum(len(codec.frame_header(len(body), flags & ~LONG)) + len(body)
                    for flags, body in frames)
     assert consumed + decoder.buffered() <= len(data)
+
+
+# -- MessageDecoder: whole messages per chunk ---------------------------------
+
+def _stream() -> tuple[bytes, list[list[bytes] | bytes]]:
+    """Short and long frames, an empty frame, commands between messages."""
+    items: list[list[bytes] | bytes] = [
+        [b"", b"eMQP/1.0", b"REQUEST", b"1", b"q", b"", b"x" * 100],
+        b"\x04PING\x00\x01c",
+        [b"y" * 255, b"z" * 256, b""],
+        [b"last"],
+    ]
+    data = b"".join(
+        codec.encode_command(item[1:5], item[5:]) if isinstance(item, bytes)
+        else codec.encode_message(item) for item in items
+    )
+    return data, items
+
+
+def test_message_decoder_returns_messages_and_commands_in_wire_order():
+    data, items = _stream()
+    decoder = codec.MessageDecoder(10000, 64)
+    assert decoder.feed(data) == items
+    assert decoder.error is None and decoder.buffered() == 0
+
+
+def test_message_decoder_split_at_every_byte_gives_the_same_items():
+    data, items = _stream()
+    for split in range(len(data) + 1):
+        decoder = codec.MessageDecoder(10000, 64)
+        assert decoder.feed(data[:split]) + decoder.feed(data[split:]) == items
+
+
+def test_message_decoder_long_frame_in_many_chunks_waits_until_complete():
+    data = codec.encode_message([b"a", b"b" * 5000])
+    decoder = codec.MessageDecoder(10000, 64)
+    got = [decoder.feed(data[i:i + 7]) for i in range(0, len(data), 7)]
+    assert [item for items in got for item in items] == [[b"a", b"b" * 5000]]
+    assert decoder.buffered() == 0
+
+
+@pytest.mark.parametrize(
+    ("data", "error"),
+    [
+        (codec.encode_message([b"a" * 600, b"b" * 383]), "message over the 1000 byte limit"),
+        (b"\x02" + (2000).to_bytes(8, "big"), "frame of 2000 bytes is over"),
+        (b"\x01\x00" * 64, "more than 64 frames"),
+        (b"\x08", "reserved frame flag bits"),
+        (b"\x05\x00", "command frame cannot have MORE"),
+    ],
+)
+def test_message_decoder_keeps_the_first_error_and_returns_what_came_before(data, error):
+    decoder = codec.MessageDecoder(1000, 64)
+    before = codec.encode_message([b"ok"])
+    assert decoder.feed(before + data) == [[b"ok"]]
+    assert isinstance(decoder.error, ZMTPError)
+    assert error in str(decoder.error)
+
+
+def test_message_decoder_frame_at_a_time_then_feed_the_rest():
+    data = codec.ready_command(b"DEALER") + codec.encode_message([b"m"])
+    decoder = codec.MessageDecoder(1000, 64)
+    assert decoder.frame(data[:3]) is None
+    flags, body = decoder.frame(data[3:])
+    assert flags == COMMAND and body.startswith(b"\x05READY")
+    assert decoder.frame() == (0, b"m")
+    assert decoder.frame() is None
+    assert decoder.feed(b"") == []
+
+
+def test_encode_message_matches_frame_by_frame_encoding():
+    frames = [b"", b"a" * 255, b"b" * 256, b"c"]
+    expected = b"".join(codec.encode_frame(f, more=i < 3) for i, f in enumerate(frames))
+    assert codec.encode_message(frames) == expected
+    assert codec.encode_message([]) == b""

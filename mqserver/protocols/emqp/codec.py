@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import uuid
+import os
 from dataclasses import dataclass, field
 
 from mqserver.limits import Limits
+from mqserver.zmtp import codec as zmtp
 
 VERSION = b"eMQP/1.0"
 DEFAULT_QUEUE = b"default"
@@ -73,12 +74,29 @@ def parse(frames: list[bytes], limits: Limits | None = None) -> Envelope:
 
 
 def new_msgid() -> bytes:
-    """What eventmq uses: ``str(uuid4())``."""
-    return str(uuid.uuid4()).encode("ascii")
+    """What eventmq uses: ``str(uuid4())``, formatted here from 16 random bytes
+    (a third of ``uuid.uuid4``'s cost; every answer to a request needs one)."""
+    h = os.urandom(16).hex()
+    variant = "89ab"[int(h[16], 16) & 3]
+    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}".encode("ascii")
 
 
 def message(command: bytes, *body: bytes, msgid: bytes | None = None) -> list[bytes]:
     return [b"", VERSION, command, msgid if msgid is not None else new_msgid(), *body]
+
+
+_PREFIXES: dict[bytes, bytes] = {}
+
+
+def encode(command: bytes, msgid: bytes, *body: bytes) -> bytes:
+    """``message(command, *body, msgid=msgid)`` as ZMTP frames, ready to send.
+
+    The first three frames (empty, version, command) are encoded once per
+    command: this runs for every request forwarded and every answer."""
+    prefix = _PREFIXES.get(command)
+    if prefix is None:
+        prefix = _PREFIXES[command] = zmtp.encode_message([b"", VERSION, command, b""])[:-2]
+    return prefix + zmtp.encode_message((msgid, *body))
 
 
 def text(value: bytes) -> str:

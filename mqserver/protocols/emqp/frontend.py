@@ -120,7 +120,7 @@ class FrontendHandler(EndpointHandler):
         except QueueFullError as e:
             self._refuse(identity, envelope, e)
             return
-        self._when_stored(identity, codec.message(codec.REPLY, envelope.msgid))
+        self._when_stored(identity, codec.encode(codec.REPLY, codec.new_msgid(), envelope.msgid))
 
     def _schedule(self, identity: bytes, envelope: codec.Envelope) -> None:
         if not self._accepting(envelope):
@@ -129,7 +129,7 @@ class FrontendHandler(EndpointHandler):
             codec.parse_schedule(envelope.body, self.service.limits)
         )
         log.info("emqp: job {key} scheduled by {id}", key=key, id=describe(identity))
-        self._when_stored(identity, codec.message(codec.ACK, envelope.msgid))
+        self._when_stored(identity, codec.encode(codec.ACK, codec.new_msgid(), envelope.msgid))
 
     def _unschedule(self, identity: bytes, envelope: codec.Envelope) -> None:
         schedule = codec.parse_schedule(envelope.body)
@@ -138,7 +138,7 @@ class FrontendHandler(EndpointHandler):
             "emqp: UNSCHEDULE from {id}: {what}", id=describe(identity),
             what="job removed" if found else "no such job",
         )
-        self._when_stored(identity, codec.message(codec.ACK, envelope.msgid))
+        self._when_stored(identity, codec.encode(codec.ACK, codec.new_msgid(), envelope.msgid))
 
     def _publish(self, identity: bytes, envelope: codec.Envelope) -> None:
         body = envelope.body
@@ -188,9 +188,20 @@ class FrontendHandler(EndpointHandler):
         except UnroutableError:
             log.debug("emqp: {id} left before its answer", id=describe(identity))
 
-    def _when_stored(self, identity: bytes, frames: list[bytes]) -> None:
+    def _when_stored(self, identity: bytes, answer: bytes) -> None:
+        """Send ``answer`` (encoded) once what was done so far is durable."""
+        if self.service.broker.writer is None:
+            # nothing to wait for: no Deferred per request on a memory store
+            self._send_encoded(identity, answer)
+            return
         d = self.service.broker.durable()
-        d.addCallbacks(lambda _: self._send(identity, frames), self._store_failed)
+        d.addCallbacks(lambda _: self._send_encoded(identity, answer), self._store_failed)
+
+    def _send_encoded(self, identity: bytes, answer: bytes) -> None:
+        try:
+            self.service.frontend.send_encoded(identity, answer)
+        except UnroutableError:
+            log.debug("emqp: {id} left before its answer", id=describe(identity))
 
     @staticmethod
     def _store_failed(failure: Any) -> None:

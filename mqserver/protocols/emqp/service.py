@@ -183,12 +183,12 @@ class EMQPService:
         self.publish_request(queue, codec.format_headers(keep), payload, codec.new_msgid(), None)
 
     @staticmethod
-    def request_frames(message: Message) -> list[bytes]:
+    def encode_request(message: Message) -> bytes:
         """The REQUEST a worker gets; messages from other protocols get empty headers."""
         fields = message.headers or {}
         queue = codec.raw(fields[H_QUEUE]) if H_QUEUE in fields else message.queue
         headers = codec.raw(fields.get(H_HEADERS, ""))
-        return codec.message(REQUEST, queue, headers, message.body, msgid=message.id)
+        return codec.encode(REQUEST, message.id, queue, headers, message.body)
 
     # -- workers ------------------------------------------------------------
 
@@ -222,7 +222,7 @@ class EMQPService:
     def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> None:
         """Called by the core's dispatch: forward now, never call back into the broker."""
         try:
-            self.backend.send(worker.identity, self.request_frames(message))
+            self.backend.send_encoded(worker.identity, self.encode_request(message))
         except UnroutableError:
             worker.undelivered.append(message)
             if not worker.gone:
