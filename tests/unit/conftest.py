@@ -6,6 +6,7 @@ import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
 
 from mqserver.broker.core import Broker
 from mqserver.protocols.phpmq import codec
@@ -58,6 +59,14 @@ class PHPMQClient:
 
     def close(self) -> None:
         self.protocol.connectionLost()
+
+    def close_reason(self, data: bytes) -> str:
+        """Send ``data``, which must make the server close this connection: its log line."""
+        with capturedLogs() as events:
+            self.protocol.dataReceived(data)
+        assert self.transport.disconnecting
+        [line] = [formatEvent(e) for e in events if "closed by the server" in formatEvent(e)]
+        return line
 
 
 @pytest.fixture(scope="session")

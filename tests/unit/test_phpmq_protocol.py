@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet.testing import StringTransport
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import capturedLogs
 
 from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.protocols.phpmq import codec
@@ -263,14 +263,6 @@ def test_disconnect_requeues_unacked_in_original_order(h):
     assert h.broker.queues[b"q"].requeued == 3
 
 
-def close_reason(client, data: bytes) -> str:
-    with capturedLogs() as events:
-        client.protocol.dataReceived(data)
-    assert client.transport.disconnecting
-    [line] = [formatEvent(e) for e in events if "closed by the server" in formatEvent(e)]
-    return line
-
-
 @pytest.mark.parametrize(
     ("data", "reason"),
     [
@@ -290,7 +282,7 @@ def test_malformed_frames_close_only_that_connection_with_a_log_line(phpmq, data
     h = phpmq(max_content=64)
     bad, good = h.connect(), h.connect()
     good.send(codec.consume(b"q", 5))
-    line = close_reason(bad, codec.publish(b"q", b"before") + data + codec.publish(b"q", b"after"))
+    line = bad.close_reason(codec.publish(b"q", b"before") + data + codec.publish(b"q", b"after"))
     assert reason in line
     assert "phpmq connection 1 from 127.0.0.1:5555" in line
     bad.send(codec.publish(b"q", b"ignored once closing"))
@@ -304,7 +296,7 @@ def test_a_closing_connection_gets_no_more_deliveries_and_returns_its_messages(h
     p.publish(b"q", b"1")
     bad.send(codec.consume(b"q", 5))
     assert bad.bodies() == [b"1"]
-    close_reason(bad, b"garbage!")
+    bad.close_reason(b"garbage!")
     p.publish(b"q", b"2")
     assert bad.transport.value() == b""
     bad.close()

@@ -16,8 +16,10 @@ package count, so unlike the original parser this one honours it: every
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import os
+from collections.abc import Generator, Iterable
 from dataclasses import dataclass
+from typing import NoReturn
 
 VERSION = 1
 MESSAGE_HEADER_SIZE = 8
@@ -25,6 +27,8 @@ PACKAGE_HEADER_SIZE = 32
 DEFAULT_MAX_CONTENT = 16 * 1024 * 1024
 MAX_NUMBER_DIGITS = 18
 """Counts and TTLs longer than this are refused before ``int()`` sees them."""
+PACKAGE_HEADER_CACHE = 1024
+"""Parsed package headers a decoder remembers (then it starts afresh)."""
 
 # message types
 PUBLISH = 1
@@ -124,19 +128,30 @@ def consume(queue: bytes, count: int) -> bytes:
     return encode(CONSUME, [(QUEUE, queue), (COUNT, b"%d" % count)])
 
 
-def dispatch(queue: bytes, body: bytes, message_id: bytes, ttl: int | None = None) -> bytes:
+def dispatch_head(queue: bytes, with_ttl: bool) -> bytes:
+    """The message header and queue package every 003 of ``queue`` starts with
+    (4 packages with a TTL, revision 2018, else 3)."""
+    return b"H01003%02dP01%029d%s" % (4 if with_ttl else 3, len(queue), queue)
+
+
+def dispatch(
+    queue: bytes, body: bytes, message_id: bytes, ttl: int | None = None,
+    head: bytes | None = None,
+) -> bytes:
     """003, the only frame the server sends: 3 packages for 2017, 4 with a TTL for 2018.
 
-    Written out by hand because it is the per-message hot path.
+    Written out by hand because it is the per-message hot path; a caller that
+    keeps ``dispatch_head(queue, ttl is not None)`` passes it as ``head``.
     """
+    if head is None:
+        head = dispatch_head(queue, ttl is not None)
     if ttl is None:
-        return b"H0100303P01%029d%sP02%029d%sP03%029d%s" % (
-            len(queue), queue, len(body), body, len(message_id), message_id,
+        return b"%sP02%029d%sP03%029d%s" % (
+            head, len(body), body, len(message_id), message_id,
         )
     ttl_text = b"%d" % ttl
-    return b"H0100304P01%029d%sP02%029d%sP03%029d%sP05%029d%s" % (
-        len(queue), queue, len(body), body, len(message_id), message_id,
-        len(ttl_text), ttl_text,
+    return b"%sP02%029d%sP03%029d%sP05%029d%s" % (
+        head, len(body), body, len(message_id), message_id, len(ttl_text), ttl_text,
     )
 
 
@@ -150,6 +165,14 @@ def requeue(queue: bytes, message_id: bytes, ttl: int) -> bytes:
 
 def dead_letter(queue: bytes, message_id: bytes) -> bytes:
     return encode(DEAD_LETTER, [(QUEUE, queue), (MESSAGE_ID, message_id)])
+
+
+def message_ids(count: int) -> list[bytes]:
+    """``count`` new server message ids, each ``os.urandom(16).hex()`` (32 lowercase
+    hex characters, like the original's ``bin2hex(random_bytes(16))``), cut
+    from one ``os.urandom`` call."""
+    random = os.urandom(16 * count).hex().encode("ascii")
+    return [random[i : i + 32] for i in range(0, len(random), 32)]
 
 
 # -- values -------------------------------------------------------------------
@@ -184,10 +207,14 @@ def remaining_ttl(expires_at: float | None, now: float) -> int:
 class FrameDecoder:
     """Turns a byte stream, split anywhere, into ``Frame``s.
 
+    The parser is one generator (``_read``) that keeps its place in the
+    stream in local variables and yields each frame as soon as it is
+    complete, or None when it needs more bytes: handing over a frame costs a
+    generator resumption instead of saving and reloading a state machine.
     The unread bytes are one immutable ``bytes`` object read at a moving
     offset, so every header and content is one slice.  ``feed`` only queues
     what arrives; the queue is joined to the unread bytes when it completes
-    the header or content being waited for (``_need``), so a large content
+    the header or content being waited for (``_more``), so a large content
     arriving in small chunks is joined once and a stream of any length or
     chunking costs linear time.  A package's content is not looked at until
     all of it has arrived, and its length is checked against ``max_content``
@@ -201,16 +228,10 @@ class FrameDecoder:
         self._pos = 0
         self._queued: list[bytes] = []
         self._queued_size = 0
-        self._need = MESSAGE_HEADER_SIZE
+        self._inside = False
         self._error: PHPMQError | None = None
-        # the frame being read: type 0 means "expecting a message header"
-        self._type = 0
-        self._expected: frozenset[int] = frozenset()
-        self._missing = 0
-        self._packages: dict[int, bytes] = {}
-        # the package being read: 0 means "expecting a package header"
-        self._pkg = 0
-        self._length = 0
+        self._package_headers: dict[bytes, tuple[int, int]] = {}
+        self._reader = self._read()
 
     def feed(self, data: bytes) -> None:
         self._queued.append(data)
@@ -221,8 +242,8 @@ class FrameDecoder:
         return len(self._data) - self._pos + self._queued_size
 
     def in_frame(self) -> bool:
-        """True between a frame's message header and its last package."""
-        return bool(self._type)
+        """After ``next_frame`` returned None: True if it waits for the rest of a frame."""
+        return self._inside
 
     def next_frame(self) -> Frame | None:
         """The next complete frame, or None until more bytes are fed.
@@ -231,75 +252,84 @@ class FrameDecoder:
         """
         if self._error is not None:
             raise self._error
-        if self._queued and self.buffered() >= self._need:
-            rest = self._data[self._pos :]
-            # one chunk after a whole frame (the usual case) is taken as it is
-            self._data = b"".join([rest, *self._queued] if rest else self._queued)
-            self._pos = 0
-            self._queued = []
-            self._queued_size = 0
         try:
-            return self._next()
+            return next(self._reader)
         except PHPMQError as e:
             self._error = e
             raise
 
-    def _next(self) -> Frame | None:
-        data = self._data
-        pos = self._pos
-        end = len(data)
-        if not self._type:
-            if end - pos < MESSAGE_HEADER_SIZE:
-                return self._wait(pos, MESSAGE_HEADER_SIZE)
-            self._message_header(data[pos : pos + MESSAGE_HEADER_SIZE])
+    def _read(self) -> Generator[Frame | None, None, NoReturn]:
+        """Every frame of the stream, with None wherever it must wait for bytes."""
+        data = b""
+        pos = 0
+        headers = self._package_headers
+        while True:
+            if len(data) - pos < MESSAGE_HEADER_SIZE:
+                data, pos = yield from self._more(data, pos, MESSAGE_HEADER_SIZE, inside=False)
+            header = data[pos : pos + MESSAGE_HEADER_SIZE]
+            msg_type, expected, count = (
+                _MESSAGE_HEADERS.get(header)  # every valid header, already parsed
+                or _parse_message_header(header)
+            )
             pos += MESSAGE_HEADER_SIZE
-        while self._missing:
-            if not self._pkg:
-                if end - pos < PACKAGE_HEADER_SIZE:
-                    return self._wait(pos, PACKAGE_HEADER_SIZE)
-                self._package_header(data[pos : pos + PACKAGE_HEADER_SIZE])
+            packages: dict[int, bytes] = {}
+            for _ in range(count):
+                if len(data) - pos < PACKAGE_HEADER_SIZE:
+                    data, pos = yield from self._more(data, pos, PACKAGE_HEADER_SIZE)
+                header = data[pos : pos + PACKAGE_HEADER_SIZE]
+                pkg_type, length = headers.get(header) or self._package_header(header)
+                if pkg_type not in expected or pkg_type in packages:
+                    raise _misplaced(pkg_type, msg_type, expected)
                 pos += PACKAGE_HEADER_SIZE
-            length = self._length
-            if end - pos < length:
-                return self._wait(pos, length)
-            self._packages[self._pkg] = data[pos : pos + length]
-            pos += length
-            self._pkg = 0
-            self._missing -= 1
-        frame = Frame(self._type, self._packages)
-        self._type = 0
-        self._packages = {}
-        self._pos = pos
-        self._need = MESSAGE_HEADER_SIZE
-        return frame
+                if len(data) - pos < length:
+                    data, pos = yield from self._more(data, pos, length)
+                packages[pkg_type] = data[pos : pos + length]
+                pos += length
+            self._pos = pos
+            yield Frame(msg_type, packages)
 
-    def _wait(self, pos: int, need: int) -> None:
-        """Stop at ``pos`` until ``need`` bytes from there have arrived."""
-        self._pos = pos
-        self._need = need
+    def _more(
+        self, data: bytes, pos: int, need: int, inside: bool = True
+    ) -> Generator[None, None, tuple[bytes, int]]:
+        """Yield None until ``need`` bytes from ``pos`` have arrived, then return
+        the unread bytes as one object and 0, their new start."""
+        self._data, self._pos, self._inside = data, pos, inside
+        while self.buffered() < need:
+            yield None
+        rest = data[pos:]
+        # one chunk after a whole frame (the usual case) is taken as it is
+        data = b"".join([rest, *self._queued] if rest else self._queued)
+        self._data, self._pos = data, 0
+        self._queued = []
+        self._queued_size = 0
+        return data, 0
 
-    def _message_header(self, header: bytes) -> None:
-        known = _MESSAGE_HEADERS.get(header)  # every valid header, already parsed
-        self._type, self._expected, self._missing = known or _parse_message_header(header)
-
-    def _package_header(self, header: bytes) -> None:
+    def _package_header(self, header: bytes) -> tuple[int, int]:
+        """(type, content length) of a package header seen for the first time
+        (recently): it is remembered, as the same queue names, ids and often
+        body sizes come again and again."""
         pkg_type = _PACKAGE_TYPES.get(header[:3])
         if pkg_type is None or not header[3:].isdigit():
             if header[0] != 0x50:  # P
                 raise PHPMQError(f"bad package header flag {header[:1]!r} in {header!r}")
             raise PHPMQError(f"non-digit package header {header!r}")
         length = int(header[3:])
-        if pkg_type not in self._expected:
-            raise PHPMQError(
-                f"package type {pkg_type:02d} does not belong in message type "
-                f"{self._type:03d} with {len(self._expected):02d} packages"
-            )
-        if pkg_type in self._packages:
-            raise PHPMQError(f"duplicate package type {pkg_type:02d}")
         if length > self.max_content:
             raise PHPMQError(f"content length {length} above the limit of {self.max_content}")
-        self._pkg = pkg_type
-        self._length = length
+        if len(self._package_headers) >= PACKAGE_HEADER_CACHE:
+            self._package_headers.clear()
+        self._package_headers[header] = pkg_type, length
+        return pkg_type, length
+
+
+def _misplaced(pkg_type: int, msg_type: int, expected: frozenset[int]) -> PHPMQError:
+    """Why package ``pkg_type`` cannot come next in a frame expecting ``expected``."""
+    if pkg_type in expected:
+        return PHPMQError(f"duplicate package type {pkg_type:02d}")
+    return PHPMQError(
+        f"package type {pkg_type:02d} does not belong in message type "
+        f"{msg_type:03d} with {len(expected):02d} packages"
+    )
 
 
 def _parse_message_header(header: bytes) -> tuple[int, frozenset[int], int]:

@@ -23,7 +23,7 @@ from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Consumer
 from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
 from mqserver.limits import Limits
-from mqserver.model import Message, QueueOptions, new_message_id
+from mqserver.model import Message, QueueOptions
 from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import (
@@ -32,6 +32,7 @@ from mqserver.protocols.phpmq.codec import (
     CONTENT,
     COUNT,
     DEAD_LETTER,
+    DISPATCH,
     MESSAGE_ID,
     PUBLISH,
     QUEUE,
@@ -49,6 +50,8 @@ CONSUMER_ID = b"phpmq"
 which is exactly what a second 002 must do."""
 
 DEAD_LETTER_REASON = b"rejected"
+ID_BATCH = 256
+"""Message ids a factory draws at once."""
 
 
 class PHPMQFactory(Factory):
@@ -74,6 +77,14 @@ class PHPMQFactory(Factory):
         self.limits = limits or Limits()
         self.dead_letter_suffix = dead_letter_suffix
         self.revision = revision
+        self._ids: list[bytes] = []
+
+    def new_message_id(self) -> bytes:
+        """A fresh server id for a 001, from a batch of ``codec.message_ids``
+        (one system call per batch instead of per message)."""
+        if not self._ids:
+            self._ids = codec.message_ids(ID_BATCH)
+        return self._ids.pop()
 
     def buildProtocol(self, addr: Any) -> PHPMQProtocol:
         protocol = PHPMQProtocol(self)
@@ -95,6 +106,8 @@ class PHPMQProtocol(Backpressure, Protocol):
         self.revision = factory.revision or 2017
         self._detect = factory.revision is None
         self._refused = 0
+        self._valid_name: bytes | None = None
+        self._heads: dict[bytes, bytes] = {}
         self._out: list[bytes] = []
         self._flush_call: Any = None
         self._closing = False
@@ -104,6 +117,7 @@ class PHPMQProtocol(Backpressure, Protocol):
             ACK: self._ack,
             REQUEUE: self._requeue,
             DEAD_LETTER: self._dead_letter,
+            DISPATCH: self._from_server,
         }
 
     # -- connection ---------------------------------------------------------
@@ -149,34 +163,24 @@ class PHPMQProtocol(Backpressure, Protocol):
             return
         decoder = self.decoder
         decoder.feed(data)
+        handlers = self._handlers
         try:
             while (frame := decoder.next_frame()) is not None:
-                handler = self._handlers.get(frame.type)
-                if handler is None:
-                    raise PHPMQError(
-                        f"message type {frame.type:03d} "
-                        f"({codec.TYPE_NAMES[frame.type]}) is only sent by servers"
-                    )
-                self._check(frame.packages)
-                if self._detect and frame.revision == 2018:
-                    self._detect = False
-                    self.revision = 2018
-                    log.info("phpmq connection {id} speaks revision 2018", id=self.connection.id)
-                handler(frame.packages)
+                handlers[frame.type](frame.packages)
         except PHPMQError as e:
             self._close(f"malformed frame: {e}")
         except Exception:
             log.failure("phpmq connection {id}: handling a frame failed", id=self.connection.id)
             self._close("internal error")
 
-    def _check(self, packages: dict[int, bytes]) -> None:
-        """The queue name and message id obey the server's limits (``mqserver.limits``);
-        the original took any bytes, but a name other protocols cannot show is refused."""
-        limits = self.factory.limits
-        if QUEUE in packages:
-            limits.check_name(packages[QUEUE], "queue name", PHPMQError)
-        if MESSAGE_ID in packages:
-            limits.check_id(packages[MESSAGE_ID], "message id", PHPMQError)
+    def _speaks_2018(self) -> None:
+        """The client sent a frame only revision 2018 has (a 001 with a TTL, a 005
+        or a 006): with ``--phpmq-revision=auto`` its 003s get the TTL from now on."""
+        if self._detect:
+            self._detect = False
+            self.revision = 2018
+            self._heads.clear()
+            log.info("phpmq connection {id} speaks revision 2018", id=self.connection.id)
 
     def _close(self, reason: str) -> None:
         """Drop the connection (the only error report PHPMQ has) and say why in the log.
@@ -198,11 +202,22 @@ class PHPMQProtocol(Backpressure, Protocol):
 
     # -- frames -------------------------------------------------------------
 
+    def _checked_name(self, name: bytes) -> bytes:
+        """``name`` if it obeys the server's limits (``mqserver.limits``): the
+        original took any bytes, but a name other protocols cannot show is
+        refused.  A connection names the same queue frame after frame, so the
+        last valid name is remembered and not checked again."""
+        if name != self._valid_name:
+            self.factory.limits.check_name(name, "queue name", PHPMQError)
+            self._valid_name = name
+        return name
+
+    def _checked_id(self, message_id: bytes) -> bytes:
+        return self.factory.limits.check_id(message_id, "message id", PHPMQError)
+
     def _queue(self, packages: dict[int, bytes]) -> bytes:
-        """The queue a frame names, with the dead-letter option applied to it."""
-        name = packages[QUEUE]
-        if not name:
-            raise PHPMQError("empty queue name")
+        """The queue a 001 or 002 names, checked, with the dead-letter option applied to it."""
+        name = self._checked_name(packages[QUEUE])
         suffix = self.factory.dead_letter_suffix
         if suffix and not name.endswith(suffix):
             queue = self.broker.queues.get(name)
@@ -216,13 +231,17 @@ class PHPMQProtocol(Backpressure, Protocol):
     def _publish(self, packages: dict[int, bytes]) -> None:
         queue = self._queue(packages)
         ttl_text = packages.get(TTL)
-        ttl = codec.parse_number(ttl_text, "TTL") if ttl_text is not None else 0
+        if ttl_text is None:
+            ttl = 0
+        else:
+            self._speaks_2018()
+            ttl = codec.parse_number(ttl_text, "TTL")
         # 0 (the 2018 client's default) and absent (2017) both mean "none chosen"
         if not self._publisher:
             self._publishing()
         try:
             self.broker.publish_to_queue(
-                queue, new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
+                queue, self.factory.new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
             )
         except QueueFullError as e:
             # PHPMQ has no reply to carry a refusal, and closing would also drop
@@ -245,9 +264,15 @@ class PHPMQProtocol(Backpressure, Protocol):
             self.connection, CONSUMER_ID, queue, window=count, manual_ack=True
         )
 
-    def _holder(self, queue: bytes, message_id: bytes) -> Consumer | None:
-        """Whoever holds the delivery: settling works from any connection, as acks
-        did in the original.  This connection's own consumer is checked first."""
+    def _from_server(self, packages: dict[int, bytes]) -> None:
+        raise PHPMQError("message type 003 (dispatch) is only sent by servers")
+
+    def _holder(self, packages: dict[int, bytes]) -> Consumer | None:
+        """Whoever holds the delivery a 004, 005 or 006 names: settling works from
+        any connection, as acks did in the original.  This connection's own
+        consumer is checked first."""
+        queue = self._checked_name(packages[QUEUE])
+        message_id = self._checked_id(packages[MESSAGE_ID])
         own = self.consumer
         if own is not None and own.queue.name == queue and message_id in own.unacked:
             return own
@@ -261,32 +286,48 @@ class PHPMQProtocol(Backpressure, Protocol):
     def _ack(self, packages: dict[int, bytes]) -> None:
         queue, message_id = packages[QUEUE], packages[MESSAGE_ID]
         own = self.consumer
-        if own is not None and own.queue.name == queue and message_id in own.unacked:
+        if own is not None and message_id in own.unacked and own.queue.name == queue:
+            # the usual ack: the name and the id were checked when they came in
             self.broker.ack(own, message_id)
         else:
+            self._checked_name(queue)
+            self._checked_id(message_id)
             self.broker.ack_any(queue, message_id)  # an unknown id is ignored
 
     def _requeue(self, packages: dict[int, bytes]) -> None:
+        holder = self._holder(packages)
+        self._speaks_2018()
         ttl = codec.parse_number(packages[TTL], "TTL")
-        holder = self._holder(packages[QUEUE], packages[MESSAGE_ID])
         if holder is not None:
             self.broker.reject(holder, packages[MESSAGE_ID], ttl=ttl)
 
     def _dead_letter(self, packages: dict[int, bytes]) -> None:
-        holder = self._holder(packages[QUEUE], packages[MESSAGE_ID])
+        holder = self._holder(packages)
+        self._speaks_2018()
         if holder is not None:
             self.broker.dead_letter(holder, packages[MESSAGE_ID], DEAD_LETTER_REASON)
 
     # -- IDeliverySink ------------------------------------------------------
 
     def deliver(self, consumer: Consumer, message: Message) -> None:
+        head = self._heads.get(message.queue)
+        if head is None:
+            head = self._head(message.queue)
         if self.revision == 2018:
             ttl = codec.remaining_ttl(message.expires_at, self.broker.clock.seconds())
-            data = codec.dispatch(message.queue, message.body, message.id, ttl)
+            data = codec.dispatch(message.queue, message.body, message.id, ttl, head)
         else:
-            data = codec.dispatch(message.queue, message.body, message.id)
+            data = codec.dispatch(message.queue, message.body, message.id, None, head)
         self._write(data)
         self._count_output(len(data))
+
+    def _head(self, queue: bytes) -> bytes:
+        """``codec.dispatch_head`` of ``queue`` in this connection's revision, kept
+        for the next dispatches (a connection consumes one queue at a time)."""
+        if len(self._heads) >= 16:
+            self._heads.clear()
+        head = self._heads[queue] = codec.dispatch_head(queue, self.revision == 2018)
+        return head
 
     def queue_changed(self, consumer: Consumer) -> None:
         """PHPMQ cannot tell a client anything; only forget a consumer whose queue
