@@ -244,7 +244,7 @@ class Broker(Topology, Settling, Overflow):
         queue.ready.append(message)
         if message.expires_at is not None:
             queue.ttl_ready += 1
-            heapq.heappush(self._expiry, (message.expires_at, queue.name))
+            self._watch_expiry(queue, message)
         if self.writer is not None:  # the hot path skips _op's call without a durable store
             self.writer.add((ENQUEUE, message))
         if queue.consumers:

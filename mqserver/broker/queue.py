@@ -28,6 +28,7 @@ class Queue:
         "delivered",
         "enqueued",
         "expired",
+        "expiry_hint",
         "limit",
         "name",
         "options",
@@ -55,6 +56,8 @@ class Queue:
         self.weighted = False
         # ready messages carrying an expiry; lets the TTL sweep skip queues
         self.ttl_ready = 0
+        # its newest entry in the broker's expiry heap, until the sweep pops one
+        self.expiry_hint: tuple[float, bytes] | None = None
         self.unused_timer: Any = None
         self.deleted = False
         self.enqueued = self.delivered = self.acked = self.rejected = 0

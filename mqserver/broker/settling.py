@@ -173,13 +173,32 @@ class Settling:
 
     # -- timers -------------------------------------------------------------
 
+    def _watch_expiry(self, queue: Queue, message: Message) -> None:
+        """Have the TTL sweep visit ``queue`` when ``message`` expires.
+
+        The sweep scans a whole queue, so a burst into one queue with one
+        expiry (one TTL, a publish time shared within a millisecond) needs one
+        heap entry, and its messages share one float: about 100 bytes less
+        per message.  Popping an entry forgets the queue's hint, so a message
+        is never left without an entry to wake the sweep.
+        """
+        hint = queue.expiry_hint
+        if hint is not None and message.expires_at == hint[0]:
+            message.expires_at = hint[0]
+        else:
+            queue.expiry_hint = hint = (message.expires_at, queue.name)
+            heapq.heappush(self._expiry, hint)
+
     def expire_due(self) -> int:
         """Remove ready messages whose TTL has passed; returns how many."""
         now = self.clock.seconds()
         heap = self._expiry
         due: set[bytes] = set()
         while heap and heap[0][0] <= now:
-            due.add(heapq.heappop(heap)[1])
+            name = heapq.heappop(heap)[1]
+            due.add(name)
+            if name in self.queues:
+                self.queues[name].expiry_hint = None
         removed = 0
         for name in due:
             queue = self.queues.get(name)

@@ -94,3 +94,30 @@ def test_sharing_leaves_absent_values_absent():
     bare = message(1, event=None, source=None, expires_at=None)
     share_recovered_values([RecoveredQueue(b"q", messages=[bare])])
     assert (bare.event, bare.source, bare.expires_at) == (None, None, None)
+
+
+def test_a_burst_with_one_ttl_shares_its_expiry_and_one_sweep_entry(broker, clock):
+    broker.reconfigure(b"q", replace=[b"e"])
+    broker.reconfigure(b"r", replace=[b"e"])
+    clock.advance(10.0)
+    for n in range(5):
+        broker.publish_event(b"e", b"m%d" % n, b"x", ttl=5.0)
+    broker.publish_to_queue(b"q", b"other", b"x", ttl=7.0)
+    ready = broker.queues[b"q"].ready
+    assert len({id(m.expires_at) for m in list(ready)[:5]}) == 1
+    assert sorted(broker._expiry) == [(15.0, b"q"), (15.0, b"r"), (17.0, b"q")]
+    clock.advance(5.0)
+    assert broker.expire_due() == 10
+    assert [m.id for m in ready] == [b"other"]
+
+
+def test_an_expiry_equal_to_one_already_swept_still_wakes_the_sweep(broker, clock):
+    broker.reconfigure(b"q", replace=[b"e"])
+    clock.advance(10.0)
+    broker.publish_event(b"e", b"m1", b"x", ttl=0.0002)
+    clock.advance(0.0003)
+    assert broker.expire_due() == 1
+    broker.publish_event(b"e", b"m2", b"x", ttl=0.0002)  # the same shared publish time
+    assert broker.queues[b"q"].ready[0].expires_at == 10.0002
+    assert broker.expire_due() == 1
+    assert not broker.queues[b"q"].ready
