@@ -110,6 +110,12 @@ def test_confirm_only_counts_as_first_argument(h):
     c = h.connect()
     c.send("c consume q e", "m publish e --confirm")
     assert c.lines() == [b"c ok m event=e --confirm"]
+    # "--confirm" with nothing after it is an event without data, not a confirm
+    c.send("m2 publish --confirm", "m3 publish --confirm e")
+    lines = c.lines()
+    assert [line.split(b" ")[:2] for line in lines] == [[b"m2", b"error"], [b"m3", b"error"]]
+    c.send("m4 publish --confirm  e x")  # an empty event after the flag
+    assert c.lines()[0].startswith(b"m4 error ")
 
 
 def test_round_robin_between_connections(h):

@@ -154,7 +154,7 @@ class MQKSProtocol(Backpressure, Protocol):
     def dataReceived(self, data: bytes) -> None:
         if self._closing:
             return
-        if b"\n" not in data:
+        if codec.LF not in data:
             self._pending.append(data)
             self._pending_size += len(data)
             if self._pending_size > self.max_line:
@@ -291,10 +291,10 @@ class MQKSProtocol(Backpressure, Protocol):
     # -- actions ------------------------------------------------------------
 
     def _publish(self, request_id: bytes, data: bytes) -> None:
-        confirm = data[:10] == b"--confirm "
+        event, space, body = data.partition(b" ")
+        confirm = event == codec.CONFIRM and bool(space)  # "--confirm " only as the first word
         if confirm:
-            data = data[10:]
-        event, _, body = data.partition(b" ")
+            event, _, body = body.partition(b" ")
         if not event or not body:
             raise MQKSError("publish needs an event and data")
         if event not in self._checked_events:
