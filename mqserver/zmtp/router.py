@@ -225,7 +225,7 @@ class ZMTPConnection(TwistedProtocol):
         self._waiters.append(waiter)
         if self._state != _CLOSED:
             self._state = _CLOSED
-            self._flush()
+            self.flush()
             # a paused producer would keep the transport open once it drained
             self.transport.unregisterProducer()
             self.transport.loseConnection()
@@ -270,14 +270,20 @@ class ZMTPConnection(TwistedProtocol):
         self.release_reading("memory")
 
     def write(self, data: bytes) -> None:
-        """Write encoded frames; joined into one write while a chunk is handled."""
+        """Write encoded frames, joined into one write per chunk handled or,
+        with a clock, per reactor turn (deliveries the core pumps, answers to
+        another connection's messages)."""
         batch = self._batch
         if batch is not None:
             batch.append(data)
-        else:
+        elif self.factory.clock is None:
             self.transport.write(data)
+        else:
+            self._batch = [data]
+            self.factory.clock.callLater(0, self.flush)
 
-    def _flush(self) -> None:
+    def flush(self) -> None:
+        """Write what ``write`` holds now."""
         batch, self._batch = self._batch, None
         if batch and not self._lost:
             self.transport.write(b"".join(batch))
@@ -294,11 +300,12 @@ class ZMTPConnection(TwistedProtocol):
                     return
                 data = b""  # the rest of it waits in the decoder
             decoder = self._decoder
-            self._batch = []
+            if self._batch is None:
+                self._batch = []
             try:
                 self._dispatch(decoder.feed(data))
             finally:
-                self._flush()
+                self.flush()
             if decoder.error is not None and self._state != _CLOSED:
                 raise decoder.error
         except codec.TooLargeError as e:

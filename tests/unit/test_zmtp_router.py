@@ -247,3 +247,54 @@ def test_a_peer_that_never_finishes_the_handshake_is_closed(handler):
     assert not prompt.transport.disconnecting
     silent.protocol.connectionLost()
     assert clock.getDelayedCalls() == []
+
+
+class Echo(Recorder):
+    """Answers each message on its own connection and copies it to ``other``."""
+
+    other = b""
+
+    def message_received(self, router, identity, frames):
+        super().message_received(router, identity, frames)
+        router.send(identity, [b"echo", *frames])
+        if self.other:
+            router.send(self.other, [b"copy", *frames])
+
+
+def test_answers_to_a_chunk_go_out_in_one_write_in_order():
+    router = ZMTPRouterFactory(Echo(), "echo", 1000)
+    peer = handshake(router, b"e")
+    peer.received()
+    writes, write = [], peer.transport.write
+
+    def counted(data: bytes) -> None:
+        writes.append(data)
+        write(data)
+
+    peer.transport.write = counted
+    peer.send(codec.encode_message([b"1"]) + codec.ping_command(0, b"p")
+              + codec.encode_message([b"2"]))
+    assert len(writes) == 1
+    assert [body for _, body in peer.received()] == [
+        b"echo", b"1", codec.pong_command(b"p")[2:], b"echo", b"2",
+    ]
+
+
+def test_with_a_clock_writes_to_other_connections_wait_for_the_end_of_the_turn():
+    clock, handler = Clock(), Echo()
+    router = ZMTPRouterFactory(handler, "turn", 1000, clock=clock)
+    handler.other = b"b"
+    a, b = handshake(router, b"a"), handshake(router, b"b")
+    b.received()
+    a.send(codec.encode_message([b"1"]) + codec.encode_message([b"2"]))
+    assert b.transport.value() == b""  # held until the turn ends
+    clock.advance(0)
+    assert [body for _, body in b.received()] == [b"copy", b"1", b"copy", b"2"]
+    router.send(b"b", [b"late"])
+    b.protocol.close()  # closing writes what was held first
+    assert [body for _, body in b.received()] == [b"late"]
+    b.protocol.connectionLost()
+    router.send(b"a", [b"gone"])
+    a.protocol.connectionLost()
+    clock.advance(0)  # a lost connection's held writes are dropped
+    assert clock.getDelayedCalls() == []
