@@ -33,8 +33,9 @@ _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 find_control = _CONTROL.search
 """The first ASCII control character in a bytes value, or None: hot paths that
 test many values per message inline ``0 < len(value) <= limit and
-find_control(value) is None`` and call the ``check_*`` methods only when that
-fails, for the error message."""
+(value.isalnum() or find_control(value) is None)`` and call the ``check_*``
+methods only when that fails, for the error message.  ``bytes.isalnum`` (ASCII
+letters and digits, the usual id) is ten times cheaper than the search."""
 
 ErrorFactory = Callable[[str], Exception]
 
@@ -91,7 +92,7 @@ positive.coerceDoc = "A positive whole number."  # type: ignore[attr-defined]
 
 
 def _check(value: bytes, what: str, limit: int, error: ErrorFactory) -> bytes:
-    if 0 < len(value) <= limit and find_control(value) is None:
+    if 0 < len(value) <= limit and (value.isalnum() or find_control(value) is None):
         return value  # the common case: one length test and one search
     if not value:
         raise error(f"empty {what}")

@@ -54,8 +54,11 @@ def test_names_breaking_the_rules_are_refused_with_the_reason(value, reason):
 
 def test_find_control_matches_the_checks_at_the_edges():
     """The inlined fast test (length, then ``find_control``) accepts exactly what the checks do."""
-    for value in (b"x" * 6, b" ~\x80\xff", b"a\x1f", b"\x7f", b"\x00", b"x" * 7, b""):
-        fast = 0 < len(value) <= SMALL.max_id and find_control(value) is None
+    for value in (b"x" * 6, b"Az09", b" ~\x80\xff", b"\xe9t\xe9", b"a\x1f", b"\x7f", b"\x00",
+                  b"x" * 7, b"xy\x00", b""):
+        fast = 0 < len(value) <= SMALL.max_id and (
+            value.isalnum() or find_control(value) is None
+        )
         try:
             SMALL.check_id(value)
         except LimitError:

@@ -190,7 +190,9 @@ class MQKSProtocol(Backpressure, Protocol):
             self._error(b"None", "a request needs an id, an action and data")
             return
         request_id, action, data = parts
-        if not 0 < len(request_id) <= self._max_id or find_control(request_id) is not None:
+        if not 0 < len(request_id) <= self._max_id or not (
+            request_id.isalnum() or find_control(request_id) is None
+        ):
             try:
                 self.limits.check_id(request_id, "request id", MQKSError)
             except MQKSError as e:
