@@ -50,7 +50,9 @@ class EMQPError(ValueError):
     """A malformed message: it is dropped with a log line."""
 
 
-@dataclass(frozen=True, slots=True)
+# Envelope and Request are built for every message: not frozen, as a frozen
+# dataclass costs about 0.8 us more to build (CPython 3.11); nothing changes them.
+@dataclass(slots=True)
 class Envelope:
     command: bytes
     msgid: bytes
@@ -134,6 +136,8 @@ class Headers:
 def parse_headers(frame: bytes) -> Headers:
     """Numbers must be non-negative integers; anything else makes the message malformed."""
     headers = Headers()
+    if not frame:  # the usual case
+        return headers
     for item in text(frame).split(","):
         item = item.strip()
         if not item:
@@ -187,7 +191,7 @@ def parse_worker_queues(frame: bytes, limits: Limits | None = None) -> list[tupl
     return queues
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Request:
     queue: bytes
     headers: bytes
@@ -203,7 +207,7 @@ def check_job(queue: bytes, headers: bytes, limits: Limits | None) -> None:
         return
     if queue:
         limits.check_name(queue, "queue name", EMQPError)
-    items = sum(1 for item in headers.split(b",") if item.strip())
+    items = sum(1 for item in headers.split(b",") if item.strip()) if headers else 0
     limits.check_headers(items, "header items", EMQPError)
 
 
