@@ -114,10 +114,10 @@ def test_a_burst_with_one_ttl_shares_its_expiry_and_one_sweep_entry(broker, cloc
 def test_an_expiry_equal_to_one_already_swept_still_wakes_the_sweep(broker, clock):
     broker.reconfigure(b"q", replace=[b"e"])
     clock.advance(10.0)
-    broker.publish_event(b"e", b"m1", b"x", ttl=0.0002)
-    clock.advance(0.0003)
+    broker.publish_event(b"e", b"m1", b"x", ttl=0.00002)
+    clock.advance(0.00003)
     assert broker.expire_due() == 1
-    broker.publish_event(b"e", b"m2", b"x", ttl=0.0002)  # the same shared publish time
-    assert broker.queues[b"q"].ready[0].expires_at == 10.0002
+    broker.publish_event(b"e", b"m2", b"x", ttl=0.00002)  # the same shared publish time
+    assert broker.queues[b"q"].ready[0].expires_at == 10.00002
     assert broker.expire_due() == 1
     assert not broker.queues[b"q"].ready
