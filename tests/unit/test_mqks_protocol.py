@@ -433,3 +433,23 @@ def test_the_pump_at_the_end_of_a_chunk_stays_bounded():
     assert h.clock.getDelayedCalls()  # the pump comes back next turn
     h.clock.advance(0)
     assert len(consumer.transport.value().splitlines()) == 8
+
+
+def test_deliveries_to_another_connection_are_written_at_the_end_of_the_chunk():
+    """A publish's delivery to a consumer on another connection is written when
+    the publisher's chunk ends, not by a timer; a delivery made outside any
+    chunk (the pump's next turn) still is."""
+    h = Harness()
+    h.broker = Broker(MemoryStore(), h.clock, dispatch_batch=2)
+    h.factory = MQKSFactory(h.broker)
+    publisher, consumer = h.connect(), h.connect()
+    consumer.send("c1 consume q e")
+    consumer.transport.clear()
+    publisher.protocol.dataReceived(b"m1 publish e one\n")
+    assert consumer.transport.value() == b"c1 ok m1 event=e one\n"
+    assert not h.clock.getDelayedCalls()
+    publisher.protocol.dataReceived(b"m2 publish e x\nm3 publish e x\nm4 publish e x\n")
+    assert len(consumer.transport.value().splitlines()) == 3  # a batch of two so far
+    h.clock.advance(0)
+    assert len(consumer.transport.value().splitlines()) == 4
+    assert h.factory.chunk_outputs is None

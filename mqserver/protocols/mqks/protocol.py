@@ -48,6 +48,10 @@ class MQKSFactory(Factory):
         # event names that passed the name check: a publish looks its event up
         # here instead of checking it again (bounded: cleared when full)
         self.checked_events: set[bytes] = set()
+        # while an MQKS connection handles a received chunk: the other
+        # connections it gave output (deliveries), flushed at the chunk's end
+        # instead of by a timer each (at a low rate, a message per chunk)
+        self.chunk_outputs: list[MQKSProtocol] | None = None
 
     def check_event(self, event: bytes) -> None:
         """Raise ``MQKSError`` unless ``event`` is a valid name; remember the valid ones."""
@@ -92,7 +96,7 @@ class MQKSProtocol(Backpressure, Protocol):
         self._pending: list[bytes] = []
         self._pending_size = 0
         self._out: list[bytes] = []
-        self._flush_call: Any = None
+        self._flush_due = False
         self._receiving = False
         self._closing = False
         self._actions = {
@@ -117,10 +121,7 @@ class MQKSProtocol(Backpressure, Protocol):
         log.info("mqks connection {id} opened from {peer}", id=self.connection.id, peer=peer_text)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        if self._flush_call is not None and self._flush_call.active():
-            self._flush_call.cancel()
-        self._flush_call = None
-        self._out = []
+        self._out = []  # a flush still due finds nothing to write
         if self.connection is None:
             return
         for consumer_id, consumer in list(self.connection.consumers.items()):
@@ -170,6 +171,8 @@ class MQKSProtocol(Backpressure, Protocol):
         if rest:
             self._pending.append(rest)
         self._receiving = True
+        factory = self.factory
+        outer, factory.chunk_outputs = factory.chunk_outputs, []
         try:
             for line in lines:
                 if len(line) > self.max_line:
@@ -183,6 +186,9 @@ class MQKSProtocol(Backpressure, Protocol):
             self.broker.pump_now()
             self._receiving = False
             self._flush()
+            others, factory.chunk_outputs = factory.chunk_outputs, outer
+            for other in others:
+                other._flush()
 
     def _request(self, line: bytes) -> None:
         parts = line.rstrip().split(b" ", 2)
@@ -230,11 +236,17 @@ class MQKSProtocol(Backpressure, Protocol):
 
     def _write(self, data: bytes) -> None:
         self._out.append(data)
-        if not self._receiving and self._flush_call is None:
-            self._flush_call = self.broker.clock.callLater(0, self._flush)
+        if self._receiving or self._flush_due:
+            return  # the end of this chunk, or a flush already due, writes it
+        self._flush_due = True
+        waiting = self.factory.chunk_outputs
+        if waiting is not None:
+            waiting.append(self)  # another connection's chunk made it
+        else:
+            self.broker.clock.callLater(0, self._flush)
 
     def _flush(self) -> None:
-        self._flush_call = None
+        self._flush_due = False
         if self._out:
             out, self._out = self._out, []
             self.transport.write(b"".join(out))
