@@ -46,6 +46,8 @@ ROUTER = b"ROUTER"
 PEER_TYPES = frozenset((b"DEALER", b"REQ", b"ROUTER"))
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
 DEFAULT_MAX_FRAMES = 64
+FLUSH_AT = 64 * 1024
+"""Bytes of held writes that go out at once: the transport's high-water mark."""
 """Frames in one multipart message; eMQP's longest (SCHEDULE) has 9 after the identity."""
 
 _GREETING, _HANDSHAKE, _READY, _CLOSED = range(4)
@@ -195,6 +197,7 @@ class ZMTPConnection(TwistedProtocol):
         # while a chunk's messages are handled, what we send them waits here
         # and goes out in one write (see ``write``)
         self._batch: list[bytes] | None = None
+        self._batched = 0  # its bytes: past FLUSH_AT it goes out at once
 
     def connectionMade(self) -> None:
         address = self.transport.getPeer()
@@ -274,17 +277,23 @@ class ZMTPConnection(TwistedProtocol):
         with a clock, per reactor turn (deliveries the core pumps, answers to
         another connection's messages)."""
         batch = self._batch
-        if batch is not None:
-            batch.append(data)
-        elif self.factory.clock is None:
-            self.transport.write(data)
-        else:
-            self._batch = [data]
+        if batch is None:
+            if self.factory.clock is None:
+                self.transport.write(data)
+                return
+            batch = self._batch = []
             self.factory.clock.callLater(0, self.flush)
+        batch.append(data)
+        self._batched += len(data)
+        if self._batched >= FLUSH_AT:
+            # the transport must see it now to pause us (backpressure); what
+            # follows is held again until the pending flush
+            self.flush()
+            self._batch = []
 
     def flush(self) -> None:
         """Write what ``write`` holds now."""
-        batch, self._batch = self._batch, None
+        batch, self._batch, self._batched = self._batch, None, 0
         if batch and not self._lost:
             self.transport.write(b"".join(batch))
 

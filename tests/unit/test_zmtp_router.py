@@ -9,7 +9,7 @@ from twisted.internet.testing import StringTransport
 
 from mqserver.zmtp import codec
 from mqserver.zmtp.codec import COMMAND, FrameDecoder
-from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.router import FLUSH_AT, UnroutableError, ZMTPRouterFactory, describe
 
 
 class Recorder:
@@ -298,3 +298,19 @@ def test_with_a_clock_writes_to_other_connections_wait_for_the_end_of_the_turn()
     a.protocol.connectionLost()
     clock.advance(0)  # a lost connection's held writes are dropped
     assert clock.getDelayedCalls() == []
+
+
+def test_held_writes_go_out_at_once_past_the_high_water_mark():
+    """So the transport can pause us (backpressure) within one turn of deliveries."""
+    clock = Clock()
+    router = ZMTPRouterFactory(Recorder(), "big", 2**20, clock=clock)
+    peer = handshake(router, b"w")
+    peer.received()
+    router.send(b"w", [b"x" * 1000])
+    assert peer.transport.value() == b""
+    router.send(b"w", [b"y" * FLUSH_AT])
+    assert [body for _, body in peer.received()] == [b"x" * 1000, b"y" * FLUSH_AT]
+    router.send(b"w", [b"z"])
+    assert peer.transport.value() == b""
+    clock.advance(0)
+    assert [body for _, body in peer.received()] == [b"z"]
