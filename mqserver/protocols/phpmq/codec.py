@@ -261,11 +261,11 @@ class FrameDecoder:
     def _read(self) -> Generator[Frame | None, None, NoReturn]:
         """Every frame of the stream, with None wherever it must wait for bytes."""
         data = b""
-        pos = 0
+        pos = end = 0
         headers = self._package_headers
         while True:
-            if len(data) - pos < MESSAGE_HEADER_SIZE:
-                data, pos = yield from self._more(data, pos, MESSAGE_HEADER_SIZE, inside=False)
+            if pos + MESSAGE_HEADER_SIZE > end:
+                data, pos, end = yield from self._more(data, pos, MESSAGE_HEADER_SIZE, False)
             header = data[pos : pos + MESSAGE_HEADER_SIZE]
             msg_type, expected, count = (
                 _MESSAGE_HEADERS.get(header)  # every valid header, already parsed
@@ -274,15 +274,15 @@ class FrameDecoder:
             pos += MESSAGE_HEADER_SIZE
             packages: dict[int, bytes] = {}
             for _ in range(count):
-                if len(data) - pos < PACKAGE_HEADER_SIZE:
-                    data, pos = yield from self._more(data, pos, PACKAGE_HEADER_SIZE)
+                if pos + PACKAGE_HEADER_SIZE > end:
+                    data, pos, end = yield from self._more(data, pos, PACKAGE_HEADER_SIZE)
                 header = data[pos : pos + PACKAGE_HEADER_SIZE]
                 pkg_type, length = headers.get(header) or self._package_header(header)
                 if pkg_type not in expected or pkg_type in packages:
                     raise _misplaced(pkg_type, msg_type, expected)
                 pos += PACKAGE_HEADER_SIZE
-                if len(data) - pos < length:
-                    data, pos = yield from self._more(data, pos, length)
+                if pos + length > end:
+                    data, pos, end = yield from self._more(data, pos, length)
                 packages[pkg_type] = data[pos : pos + length]
                 pos += length
             self._pos = pos
@@ -290,9 +290,9 @@ class FrameDecoder:
 
     def _more(
         self, data: bytes, pos: int, need: int, inside: bool = True
-    ) -> Generator[None, None, tuple[bytes, int]]:
+    ) -> Generator[None, None, tuple[bytes, int, int]]:
         """Yield None until ``need`` bytes from ``pos`` have arrived, then return
-        the unread bytes as one object and 0, their new start."""
+        the unread bytes as one object, 0 (their new start) and their length."""
         self._data, self._pos, self._inside = data, pos, inside
         while self.buffered() < need:
             yield None
@@ -302,7 +302,7 @@ class FrameDecoder:
         self._data, self._pos = data, 0
         self._queued = []
         self._queued_size = 0
-        return data, 0
+        return data, 0, len(data)
 
     def _package_header(self, header: bytes) -> tuple[int, int]:
         """(type, content length) of a package header seen for the first time

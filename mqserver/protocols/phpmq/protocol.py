@@ -318,7 +318,11 @@ class PHPMQProtocol(Backpressure, Protocol):
             data = codec.dispatch(message.queue, message.body, message.id, ttl, head)
         else:
             data = codec.dispatch(message.queue, message.body, message.id, None, head)
-        self._write(data)
+        if self._closing:
+            return
+        self._out.append(data)  # written once per turn, by ``_flush``
+        if self._flush_call is None:
+            self._flush_call = self.broker.clock.callLater(0, self._flush)
         self._count_output(len(data))
 
     def _head(self, queue: bytes) -> bytes:
@@ -341,13 +345,6 @@ class PHPMQProtocol(Backpressure, Protocol):
             )
 
     # -- output -------------------------------------------------------------
-
-    def _write(self, data: bytes) -> None:
-        if self._closing:
-            return
-        self._out.append(data)
-        if self._flush_call is None:
-            self._flush_call = self.broker.clock.callLater(0, self._flush)
 
     def _flush(self) -> None:
         self._flush_call = None
