@@ -46,9 +46,9 @@ ROUTER = b"ROUTER"
 PEER_TYPES = frozenset((b"DEALER", b"REQ", b"ROUTER"))
 DEFAULT_MAX_MESSAGE = 64 * 1024 * 1024
 DEFAULT_MAX_FRAMES = 64
+"""Frames in one multipart message; eMQP's longest (SCHEDULE) has 9 after the identity."""
 FLUSH_AT = 64 * 1024
 """Bytes of held writes that go out at once: the transport's high-water mark."""
-"""Frames in one multipart message; eMQP's longest (SCHEDULE) has 9 after the identity."""
 
 _GREETING, _HANDSHAKE, _READY, _CLOSED = range(4)
 
@@ -194,8 +194,7 @@ class ZMTPConnection(TwistedProtocol):
         self.paused = False
         self.publisher = False  # registered with the memory alarm (see IFlowControlled)
         self._holds: set[str] = set()
-        # while a chunk's messages are handled, what we send them waits here
-        # and goes out in one write (see ``write``)
+        # writes held until the chunk handled or the reactor turn ends (see ``write``)
         self._batch: list[bytes] | None = None
         self._batched = 0  # its bytes: past FLUSH_AT it goes out at once
 
