@@ -187,40 +187,6 @@ def pong_command(context: bytes = b"") -> bytes:
     return encode_command(b"PONG", context[:MAX_PING_CONTEXT])
 
 
-class FrameDecoder:
-    """Turns a byte stream (after the greeting) into ``(flags, body)`` frames.
-
-    Bytes accumulate in one ``bytearray`` and the consumed prefix is dropped
-    once per ``feed``, so a long frame arriving in many chunks costs O(n),
-    not O(n^2).  A frame's size is checked against ``max_frame`` as soon as
-    its header is complete, before its body is buffered: a peer cannot make
-    us hold 2 GiB by announcing it.
-    """
-
-    def __init__(self, max_frame: int) -> None:
-        self.max_frame = max_frame
-        self._buffer = bytearray()
-
-    def feed(self, data: bytes) -> list[tuple[int, bytes]]:
-        buffer = self._buffer
-        buffer += data
-        frames: list[tuple[int, bytes]] = []
-        offset, end = 0, len(buffer)
-        while offset < end:
-            found = _header(buffer, offset, self.max_frame)
-            if found is None or found[2] > end:
-                break
-            flags, start, stop = found
-            frames.append((flags, bytes(buffer[start:stop])))
-            offset = stop
-        if offset:
-            del buffer[:offset]
-        return frames
-
-    def buffered(self) -> int:
-        return len(self._buffer)
-
-
 class MessageDecoder:
     """Turns a byte stream (after the greeting) into whole multipart messages.
 

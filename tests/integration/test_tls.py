@@ -127,15 +127,8 @@ def test_mqks_and_phpmq_over_tls(tls_server):
 
 
 def _zmtp_messages(data: bytes) -> list[list[bytes]]:
-    messages, parts = [], []
-    for flags, body in zmtp.FrameDecoder(2**20).feed(data[zmtp.GREETING_SIZE:]):
-        if flags & zmtp.COMMAND:
-            continue
-        parts.append(body)
-        if not flags & zmtp.MORE:
-            messages.append(parts)
-            parts = []
-    return messages
+    decoded = zmtp.MessageDecoder(2**20, 64).feed(data[zmtp.GREETING_SIZE:])
+    return [item for item in decoded if isinstance(item, list)]
 
 
 def test_emqp_zmtp_over_tls_a_worker_informs_and_gets_a_request(tls_server):

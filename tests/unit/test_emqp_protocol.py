@@ -19,7 +19,6 @@ from mqserver.protocols.emqp.service import EMQPService
 from mqserver.storage.memory import MemoryStore
 from mqserver.testing import RecordingSink
 from mqserver.zmtp import codec as zmtp
-from mqserver.zmtp.codec import COMMAND, FrameDecoder
 
 V = b"eMQP/1.0"
 RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
@@ -38,7 +37,7 @@ class Peer:
         greeting = zmtp.greeting(0)
         self.protocol.dataReceived(greeting + zmtp.ready_command(b"DEALER", identity))
         self.identity = self.protocol.identity
-        self.decoder = FrameDecoder(2**24)
+        self.decoder = zmtp.MessageDecoder(2**24, 1024)
         self.transport.clear()
 
     def send(self, command: bytes, *body: bytes, msgid: bytes = b"mid") -> None:
@@ -52,14 +51,7 @@ class Peer:
         self.harness.clock.advance(0)
         data = self.transport.value()
         self.transport.clear()
-        messages, parts = [], []
-        for flags, body in self.decoder.feed(data):
-            if flags & COMMAND:
-                continue
-            parts.append(body)
-            if not flags & zmtp.MORE:
-                messages.append(parts)
-                parts = []
+        messages = [item for item in self.decoder.feed(data) if isinstance(item, list)]
         if skip_heartbeats:
             messages = [m for m in messages if m[2] != b"HEARTBEAT"]
         return messages

@@ -8,7 +8,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqserver.zmtp import codec
-from mqserver.zmtp.codec import COMMAND, FrameDecoder
+from mqserver.zmtp.codec import COMMAND, MessageDecoder
 from mqserver.zmtp.router import FLUSH_AT, UnroutableError, ZMTPRouterFactory, describe
 
 
@@ -57,7 +57,12 @@ class Peer:
     def received(self) -> list[tuple[int, bytes]]:
         data = self.transport.value()
         self.transport.clear()
-        return FrameDecoder(2**20).feed(data)
+        decoder = MessageDecoder(2**20, 64)
+        frames, frame = [], decoder.frame(data)
+        while frame is not None:
+            frames.append(frame)
+            frame = decoder.frame()
+        return frames
 
     def commands(self) -> list[tuple[bytes, bytes]]:
         return [codec.parse_command(body) for flags, body in self.received() if flags & COMMAND]
