@@ -217,7 +217,9 @@ class PHPMQProtocol(Backpressure, Protocol):
 
     def _queue(self, packages: dict[int, bytes]) -> bytes:
         """The queue a 001 or 002 names, checked, with the dead-letter option applied to it."""
-        name = self._checked_name(packages[QUEUE])
+        name = packages[QUEUE]
+        if name != self._valid_name:  # the check's own shortcut, one call earlier
+            self._checked_name(name)
         suffix = self.factory.dead_letter_suffix
         if suffix and not name.endswith(suffix):
             queue = self.broker.queues.get(name)
