@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-import time
 
 import pytest
 
@@ -36,10 +35,7 @@ def test_phpmq_client(start_server, run_client):
 def test_emqp_client_and_worker(start_server, run_client):
     server = start_server("--storage=memory", f"--protocol=emqp:{LOOPBACK}",
                           f"--emqp-backend={LOOPBACK}", f"--emqp-admin={LOOPBACK}")
-    deadline = time.monotonic() + 30  # the fixture waits for --protocol listeners only
-    while "emqp-backend" not in server.ports:
-        assert time.monotonic() < deadline, server.text()
-        time.sleep(0.05)
+    server.wait_for_log("emqp-backend listening on")  # the fixture waits for --protocol only
     worker = run_client(PYTHON, "emqp_worker.py", "127.0.0.1",
                         str(server.ports["emqp-backend"]), "--jobs", "1", wait=False)
     status, output = run_client(PYTHON, "emqp_client.py", "127.0.0.1",
