@@ -33,14 +33,15 @@ from mqserver.protocols.phpmq.codec import (
     COUNT,
     DEAD_LETTER,
     DISPATCH,
-    MESSAGE_ID,
     PUBLISH,
     QUEUE,
     REQUEUE,
     TTL,
     FrameDecoder,
     PHPMQError,
+    Run,
 )
+from mqserver.protocols.phpmq.settling import Settling
 
 log = Logger()
 
@@ -49,7 +50,6 @@ CONSUMER_ID = b"phpmq"
 ``broker.consume`` with the same id replaces (and requeues) the previous one,
 which is exactly what a second 002 must do."""
 
-DEAD_LETTER_REASON = b"rejected"
 ID_BATCH = 256
 """Message ids a factory draws at once."""
 
@@ -86,6 +86,15 @@ class PHPMQFactory(Factory):
             self._ids = codec.message_ids(ID_BATCH)
         return self._ids.pop()
 
+    def new_message_ids(self, count: int) -> list[bytes]:
+        """``count`` fresh server ids at once (a run of 001s)."""
+        ids = self._ids
+        while len(ids) < count:
+            ids.extend(codec.message_ids(ID_BATCH))
+        taken = ids[-count:]
+        del ids[-count:]
+        return taken
+
     def buildProtocol(self, addr: Any) -> PHPMQProtocol:
         protocol = PHPMQProtocol(self)
         protocol.factory = self
@@ -93,7 +102,7 @@ class PHPMQFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class PHPMQProtocol(Backpressure, Protocol):
+class PHPMQProtocol(Settling, Backpressure, Protocol):
     """One PHPMQ client; ``Backpressure`` pauses its dispatches while it cannot take them."""
 
     def __init__(self, factory: PHPMQFactory) -> None:
@@ -110,6 +119,7 @@ class PHPMQProtocol(Backpressure, Protocol):
         self._heads: dict[bytes, bytes] = {}
         self._out: list[bytes] = []
         self._flush_call: Any = None
+        self._receiving = False
         self._closing = False
         self._handlers = {
             PUBLISH: self._publish,
@@ -118,6 +128,12 @@ class PHPMQProtocol(Backpressure, Protocol):
             REQUEUE: self._requeue,
             DEAD_LETTER: self._dead_letter,
             DISPATCH: self._from_server,
+        }
+        self._run_handlers = {
+            PUBLISH: self._publish_run,
+            ACK: self._ack_run,
+            CONSUME: self._each_frame,
+            DEAD_LETTER: self._each_frame,
         }
 
     # -- connection ---------------------------------------------------------
@@ -159,14 +175,33 @@ class PHPMQProtocol(Backpressure, Protocol):
     # -- input --------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        """Handle every frame the chunk completes, then dispatch what they made
+        ready (``broker.pump_now``) and write this connection's dispatches:
+        deliveries an ack frees go out in the same turn, in one write."""
         if self._closing:
             return
         decoder = self.decoder
         decoder.feed(data)
-        handlers = self._handlers
+        self._receiving = True
         try:
-            while (frame := decoder.next_frame()) is not None:
-                handlers[frame.type](frame.packages)
+            self._handle(decoder)
+            if not self._closing:
+                self.broker.pump_now()
+        finally:
+            self._receiving = False
+        self._flush()
+
+    def _handle(self, decoder: FrameDecoder) -> None:
+        """Every frame the decoder has complete: one whose handler fails closes
+        the connection, and the frames after it are not handled."""
+        handlers, run_handlers = self._handlers, self._run_handlers
+        try:
+            while items := decoder.read():
+                for item in items:
+                    if item.__class__ is Run:
+                        run_handlers[item.type](item)
+                    else:
+                        handlers[item.type](item.packages)
         except PHPMQError as e:
             self._close(f"malformed frame: {e}")
         except Exception:
@@ -215,9 +250,8 @@ class PHPMQProtocol(Backpressure, Protocol):
     def _checked_id(self, message_id: bytes) -> bytes:
         return self.factory.limits.check_id(message_id, "message id", PHPMQError)
 
-    def _queue(self, packages: dict[int, bytes]) -> bytes:
+    def _queue(self, name: bytes) -> bytes:
         """The queue a 001 or 002 names, checked, with the dead-letter option applied to it."""
-        name = packages[QUEUE]
         if name != self._valid_name:  # the check's own shortcut, one call earlier
             self._checked_name(name)
         suffix = self.factory.dead_letter_suffix
@@ -231,7 +265,7 @@ class PHPMQProtocol(Backpressure, Protocol):
         return name
 
     def _publish(self, packages: dict[int, bytes]) -> None:
-        queue = self._queue(packages)
+        queue = self._queue(packages[QUEUE])
         ttl_text = packages.get(TTL)
         if ttl_text is None:
             ttl = 0
@@ -246,16 +280,39 @@ class PHPMQProtocol(Backpressure, Protocol):
                 queue, self.factory.new_message_id(), packages[CONTENT], None, ttl or None, "phpmq"
             )
         except QueueFullError as e:
-            # PHPMQ has no reply to carry a refusal, and closing would also drop
-            # whatever the client pipelined behind it: the message is dropped,
-            # counted on the queue (``refused``) and logged once per connection
-            if not self._refused:
-                log.warn("phpmq connection {id}: {e}; publishes to full queues are dropped",
-                         id=self.connection.id, e=e)
-            self._refused += 1
+            self._refuse(e)
+
+    def _publish_run(self, run: Run) -> None:
+        """2017 001s to one queue (``codec.Run``): ``_publish`` with the queue's
+        name checked and its dead-letter option applied once for all of them."""
+        queue = self._queue(run.queue)
+        if not self._publisher:
+            self._publishing()
+        publish = self.broker.publish_to_queue
+        ids = self.factory.new_message_ids(len(run.values))
+        for body, message_id in zip(run.values, ids, strict=True):
+            try:
+                publish(queue, message_id, body, None, None, "phpmq")
+            except QueueFullError as e:
+                self._refuse(e)
+
+    def _refuse(self, e: QueueFullError) -> None:
+        """PHPMQ has no reply to carry a refusal, and closing would also drop
+        whatever the client pipelined behind it: the message is dropped,
+        counted on the queue (``refused``) and logged once per connection."""
+        if not self._refused:
+            log.warn("phpmq connection {id}: {e}; publishes to full queues are dropped",
+                     id=self.connection.id, e=e)
+        self._refused += 1
+
+    def _each_frame(self, run: Run) -> None:
+        """A run of frames with no shortcut of its own (002, 006): one at a time."""
+        handler = self._handlers[run.type]
+        for frame in run.frames():
+            handler(frame.packages)
 
     def _consume(self, packages: dict[int, bytes]) -> None:
-        queue = self._queue(packages)
+        queue = self._queue(packages[QUEUE])
         count = codec.parse_number(packages[COUNT], "count")
         if count == 0:
             if self.consumer is not None:
@@ -268,46 +325,6 @@ class PHPMQProtocol(Backpressure, Protocol):
 
     def _from_server(self, packages: dict[int, bytes]) -> None:
         raise PHPMQError("message type 003 (dispatch) is only sent by servers")
-
-    def _holder(self, packages: dict[int, bytes]) -> Consumer | None:
-        """Whoever holds the delivery a 004, 005 or 006 names: settling works from
-        any connection, as acks did in the original.  This connection's own
-        consumer is checked first."""
-        queue = self._checked_name(packages[QUEUE])
-        message_id = self._checked_id(packages[MESSAGE_ID])
-        own = self.consumer
-        if own is not None and own.queue.name == queue and message_id in own.unacked:
-            return own
-        found = self.broker.queues.get(queue)
-        if found is not None:
-            for consumer in found.consumers:
-                if message_id in consumer.unacked:
-                    return consumer
-        return None
-
-    def _ack(self, packages: dict[int, bytes]) -> None:
-        queue, message_id = packages[QUEUE], packages[MESSAGE_ID]
-        own = self.consumer
-        if own is not None and message_id in own.unacked and own.queue.name == queue:
-            # the usual ack: the name and the id were checked when they came in
-            self.broker.ack(own, message_id)
-        else:
-            self._checked_name(queue)
-            self._checked_id(message_id)
-            self.broker.ack_any(queue, message_id)  # an unknown id is ignored
-
-    def _requeue(self, packages: dict[int, bytes]) -> None:
-        holder = self._holder(packages)
-        self._speaks_2018()
-        ttl = codec.parse_number(packages[TTL], "TTL")
-        if holder is not None:
-            self.broker.reject(holder, packages[MESSAGE_ID], ttl=ttl)
-
-    def _dead_letter(self, packages: dict[int, bytes]) -> None:
-        holder = self._holder(packages)
-        self._speaks_2018()
-        if holder is not None:
-            self.broker.dead_letter(holder, packages[MESSAGE_ID], DEAD_LETTER_REASON)
 
     # -- IDeliverySink ------------------------------------------------------
 
@@ -322,8 +339,9 @@ class PHPMQProtocol(Backpressure, Protocol):
             data = codec.dispatch(message.queue, message.body, message.id, None, head)
         if self._closing:
             return
-        self._out.append(data)  # written once per turn, by ``_flush``
-        if self._flush_call is None:
+        self._out.append(data)
+        # written at the end of the chunk being received, else once per turn
+        if self._flush_call is None and not self._receiving:
             self._flush_call = self.broker.clock.callLater(0, self._flush)
         self._count_output(len(data))
 
@@ -349,7 +367,7 @@ class PHPMQProtocol(Backpressure, Protocol):
     # -- output -------------------------------------------------------------
 
     def _flush(self) -> None:
-        self._flush_call = None
+        self._cancel_flush()
         if self._out:
             out, self._out = self._out, []
             self.transport.write(b"".join(out))
