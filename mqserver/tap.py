@@ -23,6 +23,7 @@ from twisted.python import usage
 
 from mqserver.broker.flow import parse_watermark, watermark_bytes
 from mqserver.broker.overflow import check_policy
+from mqserver.broker.ready import PACK_READY_AFTER
 from mqserver.connlimits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PER_IP
 from mqserver.limits import positive
 
@@ -93,6 +94,10 @@ class Options(usage.Options):
         ["max-queue-length", None, 0,
          "Most ready messages a queue holds unless it sets its own max_length; 0: no limit.",
          int],
+        ["pack-ready-after", None, PACK_READY_AFTER,
+         "Ready messages a queue keeps as Python objects; past this, later ones are "
+         "kept packed (about 125 instead of 350 bytes per 100-byte message, about 1.3 us "
+         "more CPU each); 0: never pack.", int],
         ["overflow", None, "drop-head",
          "What a full queue does with a new publish unless it sets its own: drop-head "
          "(drop or dead-letter the oldest) or reject-publish (refuse the publish).",
@@ -227,6 +232,7 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         os.makedirs(config["data-dir"], exist_ok=True)
     broker = Broker(store, reactor, dispatch_batch=config["dispatch-batch"])
     broker.set_limits(config["max-queue-length"], config["overflow"])
+    broker.pack_ready_after = config["pack-ready-after"]
     broker.flow.configure(
         watermark_bytes(config["memory-high-watermark"]), config["memory-check-interval"]
     )

@@ -24,6 +24,7 @@ from mqserver.broker.dispatch import by_priority, round_robin
 from mqserver.broker.flow import MemoryAlarm
 from mqserver.broker.overflow import Overflow
 from mqserver.broker.queue import Connection, Consumer, Queue, Slots
+from mqserver.broker.ready import PACK_READY_AFTER
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
 from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
@@ -60,6 +61,8 @@ class Broker(Topology, Settling, Overflow):
         self.store = store
         self.clock = clock
         self.dispatch_batch = dispatch_batch
+        # ready messages a queue keeps as objects before packing more (0: never)
+        self.pack_ready_after = PACK_READY_AFTER
         self.queues: dict[bytes, Queue] = {}
         self.bindings = BindingIndex()
         self.connections: dict[int, Connection] = {}
@@ -243,7 +246,10 @@ class Broker(Topology, Settling, Overflow):
 
     def _append(self, queue: Queue, message: Message) -> None:
         """Put a new (or newly sequenced) message at the tail and record it."""
-        queue.ready.append(message)
+        ready = queue.ready
+        ready.append(message)
+        if len(ready) > queue.pack_after:  # see Queue.pack_ready
+            queue.pack_ready(self.pack_ready_after)
         if message.expires_at is not None:
             queue.ttl_ready += 1
             self._watch_expiry(queue, message)

@@ -3,11 +3,13 @@
 
 from __future__ import annotations
 
+import sys
 from bisect import insort
 from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
+from mqserver.broker.ready import PackedReady, take_expired
 from mqserver.model import Message, QueueOptions
 
 
@@ -17,6 +19,12 @@ class Queue:
     In-flight messages are held by their consumer (``Consumer.unacked``), not
     here: settling is always done through a consumer.  Counters only ever
     grow; rates are differences between two reads.
+
+    ``ready`` is a plain deque until it holds more than ``--pack-ready-after``
+    messages, then a ``PackedReady`` (see mqserver.broker.ready) until it is
+    small again.  Both offer the same operations; the broker's publish path
+    compares the length with ``pack_after`` after each append and calls
+    ``pack_ready`` past it, which is the only place where the two swap.
     """
 
     __slots__ = (
@@ -32,6 +40,7 @@ class Queue:
         "limit",
         "name",
         "options",
+        "pack_after",
         "ready",
         "refused",
         "reject",
@@ -48,7 +57,11 @@ class Queue:
         self.name = name
         self.options = options
         self.created_at = created_at
-        self.ready: deque[Message] = deque()
+        self.ready: deque[Message] | PackedReady = deque()
+        # past this length an append calls pack_ready: 0 until the first one
+        # sets the broker's threshold; 0 again while packed, so that each
+        # append checks whether the queue is small enough to swap back
+        self.pack_after = 0
         self.consumers: list[Consumer] = []
         self.rr = 0
         self.rr_by_priority: dict[int, int] = {}
@@ -84,6 +97,37 @@ class Queue:
                 ready.append(message)
             else:
                 insort(ready, message, key=_seq)
+
+    def pack_ready(self, threshold: int) -> None:
+        """Swap ``ready`` to or from its packed form, after an append passed ``pack_after``.
+
+        ``threshold`` (``--pack-ready-after``, 0 or less: never) is the most ready
+        messages kept as objects; packing starts with the next one.  Back to
+        a deque once no chunk is left and the queue is within it again: a
+        deque's append and popleft are a good deal cheaper than a Python
+        method, and small queues are the hot path.
+        """
+        threshold = threshold if threshold > 0 else sys.maxsize
+        ready = self.ready
+        if isinstance(ready, PackedReady):
+            if not ready.chunks and len(ready) <= threshold:
+                self.ready = ready.unpacked()
+                self.pack_after = threshold
+        elif len(ready) > threshold:
+            self.ready = PackedReady(ready)
+            self.pack_after = 0
+        else:
+            self.pack_after = threshold
+
+    def take_expired(self, now: float) -> list[Message]:
+        """Remove and return the ready messages whose TTL has passed at ``now``."""
+        ready = self.ready
+        if isinstance(ready, PackedReady):
+            expired = ready.take_expired(now)
+        else:
+            expired = take_expired(ready, now)
+        self.ttl_ready -= len(expired)
+        return expired
 
     def in_flight(self) -> int:
         return sum(len(consumer.unacked) for consumer in self.consumers)

@@ -204,18 +204,8 @@ class Settling:
             queue = self.queues.get(name)
             if queue is None or not queue.ttl_ready:
                 continue
-            keep = []
-            expired = []
-            for message in queue.ready:
-                if message.expires_at is not None and message.expires_at <= now:
-                    expired.append(message)
-                else:
-                    keep.append(message)
-            if expired:
-                queue.ready.clear()
-                queue.ready.extend(keep)
-                queue.ttl_ready -= len(expired)
-                for message in expired:
-                    self._discard(queue, message, b"expired")
-                removed += len(expired)
+            expired = queue.take_expired(now)
+            for message in expired:
+                self._discard(queue, message, b"expired")
+            removed += len(expired)
         return removed
