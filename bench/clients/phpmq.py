@@ -21,11 +21,46 @@ def frame(kind: int, *packages: bytes) -> bytes:
     return b"H01%03d%02d" % (kind, len(packages)) + b"".join(packages)
 
 
-def dispatches(data: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
-    """Complete 003 frames in ``data`` as (content, id) pairs, and the rest."""
+def dispatch_head(queue: bytes) -> bytes:
+    """What every 2017 003 of ``queue`` starts with, up to its content's length."""
+    return b"H0100303" + package(1, queue) + b"P02"
+
+
+def acks(name: bytes, ids: list[bytes]) -> bytes:
+    """004 frames for ``ids`` (``name``: the queue package); the server's ids are
+    32 bytes, so their frames share everything but the id."""
+    head = frame(4, name, b"P03%029d" % 32)
+    return b"".join([head + mid if len(mid) == 32 else frame(4, name, package(3, mid))
+                     for mid in ids])
+
+
+def dispatches(data: bytes, head: bytes) -> tuple[list[tuple[bytes, bytes]], bytes]:
+    """Complete 003 frames in ``data`` as (content, id) pairs, and the rest.
+
+    A frame that starts with ``head`` (``dispatch_head``: the queue consumed,
+    2017) needs only its two lengths read; any other is read package by package.
+    """
     found = []
     pos, end = 0, len(data)
-    while pos + 8 <= end:
+    skip = len(head) + 29  # past the content's length digits
+    while True:
+        if data.startswith(head, pos):
+            start = pos + skip
+            if start > end:
+                break
+            stop = start + int(data[start - 29:start])
+            id_at = stop + 32
+            if id_at > end:
+                break
+            if data.startswith(b"P03", stop):
+                cursor = id_at + int(data[id_at - 29:id_at])
+                if cursor > end:
+                    break
+                found.append((data[start:stop], data[id_at:cursor]))
+                pos = cursor
+                continue
+        if pos + 8 > end:
+            break
         packages = int(data[pos + 6:pos + 8])
         cursor = pos + 8
         content = mid = b""
@@ -63,13 +98,14 @@ class PHPMQClient(LoadClient):
         self.producer.sendall(encoded)
 
     def flush(self) -> None:
-        side = package(1, self.queue.encode() + b".sync")
+        queue = self.queue.encode() + b".sync"
+        side = package(1, queue)
         self.producer.sendall(frame(1, side, package(2, b"sync"))
                               + frame(2, side, package(4, b"1")))
         found: list[tuple[bytes, bytes]] = []
         pending = b""
         while not found:
-            found, pending = dispatches(pending + recv(self.producer))
+            found, pending = dispatches(pending + recv(self.producer), dispatch_head(queue))
         self.producer.sendall(frame(4, side, package(3, found[0][1]))
                               + frame(2, side, package(4, b"0")))
 
@@ -77,12 +113,13 @@ class PHPMQClient(LoadClient):
         consumer = self.consumer = connect(self.ports["phpmq"])
         name = self.name
         consumer.sendall(frame(2, name, package(4, b"%d" % WINDOW)))
+        head = dispatch_head(self.queue.encode())
         received = 0
         pending = b""
         while received < count:
-            found, pending = dispatches(pending + recv(consumer))
+            found, pending = dispatches(pending + recv(consumer), head)
             received += len(found)
-            consumer.sendall(b"".join(frame(4, name, package(3, mid)) for _, mid in found))
+            consumer.sendall(acks(name, [mid for _, mid in found]))
             if seen is not None:
                 seen([content for content, _ in found])
         return received
