@@ -134,6 +134,7 @@ class Broker(Topology, Settling, Overflow):
         self._next_connection += 1
         self.connections[connection.id] = connection
         if self.journal is not None:
+            self.journal.note_protocol(protocol)
             self.journal.append((CONNECTION_OPENED, connection.opened_at, None, None, None, 0,
                                  None, connection.id, protocol, None, None, None, None, None))
         return connection
@@ -229,10 +230,12 @@ class Broker(Topology, Settling, Overflow):
             message_id, queue.name, body, self._seq, event, headers, now, expires_at, 0, source
         )
         self._seq += 1
-        if self.journal is not None:
-            journal = self.journal
-            journal.append((SLIM_PUBLISHED, now, queue.name, message_id, source, len(body),
-                            expires_at, headers, journal.bodies and body))
+        journal = self.journal
+        if journal is not None:
+            append = journal.append  # see Journal.append: read once, then called
+            append((SLIM_PUBLISHED, now, queue.name, message_id,
+                    journal.sources.get(source, source), len(body), expires_at, headers,
+                    journal.bodies and body))
         self._append(queue, message)
         self.queued += 1
         queue.enqueued += 1

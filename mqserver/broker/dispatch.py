@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mqserver.journal import schema as journal_schema
+from mqserver.journal.schema import SLIM_AUTO_ACKED, SLIM_DELIVERED
 from mqserver.model import REMOVE, Message
 
 if TYPE_CHECKING:
@@ -54,11 +54,11 @@ def hand_over(
         # slim records (see mqserver.journal.encode): queue and consumer
         # details come from the consumer_opened record
         key = consumer.key
-        journal.append((journal_schema.DELIVERED, now, key, message.id, message.created_at,
-                        message.retry + 1, len(message.body), message.expires_at))
+        append = journal.append  # see Journal.append: read once, then called
+        append((SLIM_DELIVERED, now, key, message.id, message.created_at,
+                message.retry + 1, len(message.body), message.expires_at))
         if not consumer.manual_ack:
-            journal.append((journal_schema.ACKED, now, key, message.id,
-                            journal_schema.REASON_AUTO_ACK))
+            append((SLIM_AUTO_ACKED, now, key, message.id))
     consumer.sink.deliver(consumer, message)
     return DELIVERED
 

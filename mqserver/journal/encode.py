@@ -14,7 +14,17 @@ from collections.abc import Iterable, Iterator
 from json.encoder import encode_basestring_ascii as quote
 from typing import Any
 
-from mqserver.journal.schema import ACKED, DELIVERED, PUBLISHED, SLIM_PUBLISHED, VERSION
+from mqserver.journal.schema import (
+    ACKED,
+    DELIVERED,
+    PUBLISHED,
+    REASON_AUTO_ACK,
+    SLIM_ACKED,
+    SLIM_AUTO_ACKED,
+    SLIM_DELIVERED,
+    SLIM_PUBLISHED,
+    VERSION,
+)
 
 Event = tuple[Any, ...]
 """Plain values only (bytes, str, int, float, None, a str->str dict), captured
@@ -27,20 +37,23 @@ consumer and requeue records.
 
 Slim, for the three records W1 writes per message (the broker's hot path
 builds less; the rest is implied, or joined here from ``consumer_opened``
-and the delivery; ``key`` is the consumer's ``key``):
+and the delivery; ``key`` is the consumer's ``key``; the tags are the small
+ints of ``mqserver.journal.schema``):
 
 * published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
-  protocol, size, expires_at, headers, body)``
-* delivered (8): ``(event, ts, key, message_id, publish_ts, delivery_count,
-  size, expires_at)``
-* acked (5): ``(event, ts, key, message_id, reason)``
+  protocol, size, expires_at, headers, body)``; ``protocol`` comes as bytes
+  (see ``Journal.sources``)
+* delivered (8): ``(SLIM_DELIVERED, ts, key, message_id, publish_ts,
+  delivery_count, size, expires_at)``
+* acked (4): ``(SLIM_ACKED, ts, key, message_id)``, or ``SLIM_AUTO_ACKED``
+  for a delivery without manual ack (reason ``auto_ack``)
 
 The broker hands them over flattened, one list of values for a whole batch
 (see ``mqserver.journal.writer``); ``unflatten`` cuts it back into events by
 each event's width.
 """
 
-WIDTHS = {SLIM_PUBLISHED: 9, DELIVERED: 8, ACKED: 5}
+WIDTHS = {SLIM_PUBLISHED: 9, SLIM_DELIVERED: 8, SLIM_ACKED: 4, SLIM_AUTO_ACKED: 4}
 """Width of the slim events; every other event is ``EVENT_WIDTH`` wide."""
 
 _UNKNOWN_CONSUMER = (None, None, None, None)
@@ -82,31 +95,32 @@ class Encoder:
         consumers = self._consumers
         held = self._held
         for record in events:
-            width = len(record)
-            if width == 8:
+            tag = record[0]
+            if tag == SLIM_DELIVERED:
                 _, ts, key, message_id, publish_ts, count, size, expires_at = record
                 queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
                 deliveries = held.get(key)
                 if deliveries is None:
                     deliveries = held[key] = {}
                 deliveries[message_id] = (publish_ts, count, size, expires_at)
-                yield ("delivered", ts, queue, message_id, publish_ts, count, consumer,
+                yield (DELIVERED, ts, queue, message_id, publish_ts, count, consumer,
                        connection, protocol, size, expires_at, None, None, None)
-            elif width == 9:
+            elif tag == SLIM_PUBLISHED:
                 _, ts, queue, message_id, protocol, size, expires_at, headers, body = record
                 yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
                        expires_at, None, headers, body)
-            elif width == 5:
-                _, ts, key, message_id, reason = record
+            elif tag in (SLIM_ACKED, SLIM_AUTO_ACKED):
+                _, ts, key, message_id = record
                 queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
                 deliveries = held.get(key)
                 found = deliveries.pop(message_id, None) if deliveries else None
                 # not seen delivered (cannot happen within one journal run): no message fields
                 publish_ts, count, size, expires_at = found or (ts, 0, 0, None)
-                yield ("acked", ts, queue, message_id, publish_ts, count, consumer, connection,
-                       protocol, size, expires_at, reason, None, None)
-            elif record[0] in _KEYED:
-                event, key = record[0], record[13]
+                yield (ACKED, ts, queue, message_id, publish_ts, count, consumer, connection,
+                       protocol, size, expires_at,
+                       REASON_AUTO_ACK if tag == SLIM_AUTO_ACKED else None, None, None)
+            elif tag in _KEYED:
+                event, key = tag, record[13]
                 if event == "consumer_opened":
                     consumers[key] = (record[2], record[6], record[7], record[8])
                     held[key] = {}

@@ -21,9 +21,13 @@ CONSUMER_CLOSED = "consumer_closed"
 CONNECTION_OPENED = "connection_opened"
 CONNECTION_CLOSED = "connection_closed"
 
+# The broker's slim captures of the per-message events (see
+# ``mqserver.journal.encode``): small ints, which cost the broker less to hand
+# over than names.  Journal files only ever hold event names.
 SLIM_PUBLISHED = 0
-"""Marks the broker's slim capture of a new message (see ``mqserver.journal.encode``);
-journal files only ever hold event names."""
+SLIM_DELIVERED = 1
+SLIM_ACKED = 2
+SLIM_AUTO_ACKED = 3
 
 MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)
 TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED)

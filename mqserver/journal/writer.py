@@ -79,8 +79,16 @@ class Journal(Service):
         self.segment_seconds = segment_seconds
         self.process_reactor = process_reactor
         self.pending: list[Any] = []
-        # bound once: the broker's per-event cost is this one call
+        # the broker's per-event cost is this one call.  An instance attribute
+        # holding a builtin method: callers read it into a local first
+        # (``append = journal.append``), which Python 3.11 specializes, where
+        # ``journal.append(...)`` takes the slow generic method lookup
         self.append = self.pending.extend
+        # protocol name -> the same as bytes, for the slim published record:
+        # the batches cross as marshal version 2 (mqserver.journal.sink),
+        # which encodes a str anew each time but copies bytes.  Names the
+        # broker has not seen open a connection pass through as they are
+        self.sources: dict[str | None, bytes] = {}
         self.writer: SegmentWriter | None = None
         self._process: _SinkProcess | None = None
         self._feeder: Feeder | None = None
@@ -117,6 +125,11 @@ class Journal(Service):
         finally:
             os.close(read_end)
         self._feeder = Feeder(write_end, self._feed_failed)
+
+    def note_protocol(self, name: str) -> None:
+        """Learn a protocol's name as it opens a connection (see ``sources``)."""
+        if name not in self.sources:
+            self.sources[name] = name.encode("utf-8", "surrogatepass")
 
     def _feed_failed(self, error: BaseException, lost: int) -> None:
         """From the feeder thread: the journal process stopped reading."""

@@ -15,6 +15,9 @@ from mqserver.broker.core import Broker
 from mqserver.journal.encode import Encoder, unflatten
 from mqserver.journal.schema import (
     FIELD_NAMES,
+    SLIM_ACKED,
+    SLIM_AUTO_ACKED,
+    SLIM_DELIVERED,
     SLIM_PUBLISHED,
     SPARK_DDL,
     parse_segment_name,
@@ -232,13 +235,58 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
 
 def test_unflatten_cuts_a_flat_batch_by_each_events_width():
     full = ("requeued", T0, b"q", b"m1", T0, 1, b"c", 1, "mqks", 3, None, "rejected", None, 7)
-    slim_published = (SLIM_PUBLISHED, T0, b"q", b"m1", "mqks", 3, None, None, False)
-    delivered = ("delivered", T0, 7, b"m1", T0, 1, 3, None)
-    acked = ("acked", T0, 7, b"m1", None)
-    events = [slim_published, delivered, full, acked]
+    slim_published = (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, None, False)
+    delivered = (SLIM_DELIVERED, T0, 7, b"m1", T0, 1, 3, None)
+    acked = (SLIM_ACKED, T0, 7, b"m1")
+    auto_acked = (SLIM_AUTO_ACKED, T0, 7, b"m2")
+    events = [slim_published, delivered, full, acked, auto_acked]
     flat = [value for event in events for value in event]
     assert list(unflatten(flat)) == events
     assert list(unflatten([])) == []
+
+
+def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_in():
+    opened = ("consumer_opened", T0, b"q", None, None, 0, b"c", 4, "mqks", 0, None, None,
+              None, 7)
+    slim = [
+        (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, T0 + 5, None, False),
+        (SLIM_DELIVERED, T0 + 1, 7, b"m1", T0, 2, 3, T0 + 5),
+        (SLIM_ACKED, T0 + 2, 7, b"m1"),
+        (SLIM_DELIVERED, T0 + 3, 7, b"m2", T0, 1, 4, None),
+        (SLIM_AUTO_ACKED, T0 + 3, 7, b"m2"),
+    ]
+    full = list(Encoder("n").expand([opened, *slim]))[1:]
+    assert full == [
+        ("published", T0, b"q", b"m1", T0, 0, None, None, b"mqks", 3, T0 + 5, None, None, False),
+        ("delivered", T0 + 1, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
+        ("acked", T0 + 2, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
+        ("delivered", T0 + 3, b"q", b"m2", T0, 1, b"c", 4, "mqks", 4, None, None, None, None),
+        ("acked", T0 + 3, b"q", b"m2", T0, 1, b"c", 4, "mqks", 4, None, "auto_ack", None, None),
+    ]
+
+
+def test_published_records_carry_protocol_names_the_broker_saw_connect_as_bytes(tmp_path):
+    broker, journal, _ = make(tmp_path)
+    broker.connection_opened("mqks", "peer", RecordingSink())
+    broker.publish_to_queue(b"q", b"m1", b"x", source="mqks")
+    broker.publish_to_queue(b"q", b"m2", b"x", source="other")
+    published = [e for e in unflatten(journal.pending) if e[0] == SLIM_PUBLISHED]
+    assert [e[4] for e in published] == [b"mqks", "other"]
+    journal.stopService()
+    assert [r.get("protocol") for r in records(tmp_path) if r["event"] == "published"] == [
+        "mqks", "other"]
+
+
+def test_batches_cross_as_marshal_version_2_and_come_back_equal():
+    import marshal
+
+    from mqserver.journal.sink import HEADER, MARSHAL_VERSION, frame
+
+    values = [SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, {"h": "1"}, b"abc", "acked"]
+    data = frame(values)
+    (size,) = HEADER.unpack(data[:HEADER.size])
+    assert MARSHAL_VERSION == 2 and marshal.loads(data[HEADER.size:]) == values
+    assert size == len(data) - HEADER.size
 
 
 def test_journal_keeps_values_not_tuples_so_they_cost_no_garbage_collections(tmp_path):
