@@ -37,6 +37,7 @@ from mqserver.journal.schema import (
     REASON_CONSUMER_GONE,
     REQUEUED,
     SLIM_PUBLISHED,
+    SLIM_PUBLISHED_PLAIN,
 )
 from mqserver.model import (
     DELETE,
@@ -233,9 +234,13 @@ class Broker(Topology, Settling, Overflow):
         journal = self.journal
         if journal is not None:
             append = journal.append  # see Journal.append: read once, then called
-            append((SLIM_PUBLISHED, now, queue.name, message_id,
-                    journal.sources.get(source, source), len(body), expires_at, headers,
-                    journal.bodies and body))
+            if expires_at is None and headers is None and not journal.bodies:
+                append((SLIM_PUBLISHED_PLAIN, now, queue.name, message_id,
+                        journal.sources.get(source, source), len(body)))
+            else:
+                append((SLIM_PUBLISHED, now, queue.name, message_id,
+                        journal.sources.get(source, source), len(body), expires_at, headers,
+                        journal.bodies and body))
         self._append(queue, message)
         self.queued += 1
         queue.enqueued += 1

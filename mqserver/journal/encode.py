@@ -22,7 +22,9 @@ from mqserver.journal.schema import (
     SLIM_ACKED,
     SLIM_AUTO_ACKED,
     SLIM_DELIVERED,
+    SLIM_DELIVERED_FIRST,
     SLIM_PUBLISHED,
+    SLIM_PUBLISHED_PLAIN,
     VERSION,
 )
 
@@ -43,8 +45,12 @@ ints of ``mqserver.journal.schema``):
 * published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
   protocol, size, expires_at, headers, body)``; ``protocol`` comes as bytes
   (see ``Journal.sources``)
+* published, plain (6): ``(SLIM_PUBLISHED_PLAIN, ts, queue, message_id,
+  protocol, size)``: no expiry, no headers, body not journaled
 * delivered (8): ``(SLIM_DELIVERED, ts, key, message_id, publish_ts,
   delivery_count, size, expires_at)``
+* delivered, first (6): ``(SLIM_DELIVERED_FIRST, ts, key, message_id,
+  publish_ts, size)``: delivery count 1, no expiry
 * acked (4): ``(SLIM_ACKED, ts, key, message_id)``, or ``SLIM_AUTO_ACKED``
   for a delivery without manual ack (reason ``auto_ack``)
 
@@ -53,7 +59,8 @@ The broker hands them over flattened, one list of values for a whole batch
 each event's width.
 """
 
-WIDTHS = {SLIM_PUBLISHED: 9, SLIM_DELIVERED: 8, SLIM_ACKED: 4, SLIM_AUTO_ACKED: 4}
+WIDTHS = {SLIM_PUBLISHED: 9, SLIM_PUBLISHED_PLAIN: 6, SLIM_DELIVERED: 8, SLIM_DELIVERED_FIRST: 6,
+          SLIM_ACKED: 4, SLIM_AUTO_ACKED: 4}
 """Width of the slim events; every other event is ``EVENT_WIDTH`` wide."""
 
 _UNKNOWN_CONSUMER = (None, None, None, None)
@@ -96,6 +103,13 @@ class Encoder:
         held = self._held
         for record in events:
             tag = record[0]
+            if tag == SLIM_DELIVERED_FIRST:
+                _, ts, key, message_id, publish_ts, size = record
+                record = (tag, ts, key, message_id, publish_ts, 1, size, None)
+                tag = SLIM_DELIVERED
+            elif tag == SLIM_PUBLISHED_PLAIN:
+                record = (*record, None, None, None)
+                tag = SLIM_PUBLISHED
             if tag == SLIM_DELIVERED:
                 _, ts, key, message_id, publish_ts, count, size, expires_at = record
                 queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)

@@ -18,7 +18,9 @@ from mqserver.journal.schema import (
     SLIM_ACKED,
     SLIM_AUTO_ACKED,
     SLIM_DELIVERED,
+    SLIM_DELIVERED_FIRST,
     SLIM_PUBLISHED,
+    SLIM_PUBLISHED_PLAIN,
     SPARK_DDL,
     parse_segment_name,
     segment_name,
@@ -239,7 +241,9 @@ def test_unflatten_cuts_a_flat_batch_by_each_events_width():
     delivered = (SLIM_DELIVERED, T0, 7, b"m1", T0, 1, 3, None)
     acked = (SLIM_ACKED, T0, 7, b"m1")
     auto_acked = (SLIM_AUTO_ACKED, T0, 7, b"m2")
-    events = [slim_published, delivered, full, acked, auto_acked]
+    plain = (SLIM_PUBLISHED_PLAIN, T0, b"q", b"m3", b"mqks", 3)
+    first = (SLIM_DELIVERED_FIRST, T0, 7, b"m3", T0, 3)
+    events = [slim_published, delivered, full, acked, auto_acked, plain, first]
     flat = [value for event in events for value in event]
     assert list(unflatten(flat)) == events
     assert list(unflatten([])) == []
@@ -252,7 +256,8 @@ def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_
         (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, T0 + 5, None, False),
         (SLIM_DELIVERED, T0 + 1, 7, b"m1", T0, 2, 3, T0 + 5),
         (SLIM_ACKED, T0 + 2, 7, b"m1"),
-        (SLIM_DELIVERED, T0 + 3, 7, b"m2", T0, 1, 4, None),
+        (SLIM_PUBLISHED_PLAIN, T0 + 3, b"q", b"m2", b"mqks", 4),
+        (SLIM_DELIVERED_FIRST, T0 + 3, 7, b"m2", T0 + 3, 4),
         (SLIM_AUTO_ACKED, T0 + 3, 7, b"m2"),
     ]
     full = list(Encoder("n").expand([opened, *slim]))[1:]
@@ -260,8 +265,12 @@ def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_
         ("published", T0, b"q", b"m1", T0, 0, None, None, b"mqks", 3, T0 + 5, None, None, False),
         ("delivered", T0 + 1, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
         ("acked", T0 + 2, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
-        ("delivered", T0 + 3, b"q", b"m2", T0, 1, b"c", 4, "mqks", 4, None, None, None, None),
-        ("acked", T0 + 3, b"q", b"m2", T0, 1, b"c", 4, "mqks", 4, None, "auto_ack", None, None),
+        ("published", T0 + 3, b"q", b"m2", T0 + 3, 0, None, None, b"mqks", 4, None, None, None,
+         None),
+        ("delivered", T0 + 3, b"q", b"m2", T0 + 3, 1, b"c", 4, "mqks", 4, None, None, None,
+         None),
+        ("acked", T0 + 3, b"q", b"m2", T0 + 3, 1, b"c", 4, "mqks", 4, None, "auto_ack", None,
+         None),
     ]
 
 
@@ -270,11 +279,14 @@ def test_published_records_carry_protocol_names_the_broker_saw_connect_as_bytes(
     broker.connection_opened("mqks", "peer", RecordingSink())
     broker.publish_to_queue(b"q", b"m1", b"x", source="mqks")
     broker.publish_to_queue(b"q", b"m2", b"x", source="other")
-    published = [e for e in unflatten(journal.pending) if e[0] == SLIM_PUBLISHED]
-    assert [e[4] for e in published] == [b"mqks", "other"]
+    broker.publish_to_queue(b"q", b"m3", b"x", headers={"h": "1"}, source="mqks")
+    published = list(unflatten(journal.pending))[1:]  # after connection_opened
+    assert [e[0] for e in published] == [SLIM_PUBLISHED_PLAIN, SLIM_PUBLISHED_PLAIN,
+                                         SLIM_PUBLISHED]
+    assert [e[4] for e in published] == [b"mqks", "other", b"mqks"]
     journal.stopService()
-    assert [r.get("protocol") for r in records(tmp_path) if r["event"] == "published"] == [
-        "mqks", "other"]
+    assert [(r.get("protocol"), r.get("headers")) for r in records(tmp_path)
+            if r["event"] == "published"] == [("mqks", None), ("other", None), ("mqks", {"h": "1"})]
 
 
 def test_batches_cross_as_marshal_version_2_and_come_back_equal():
