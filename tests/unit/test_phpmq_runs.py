@@ -65,6 +65,13 @@ def test_runs_follow_the_stream_order():
     ]
 
 
+def test_repeats_whose_value_length_changes():
+    bodies = [b"a", b"b", b"cc", b"dd", b"e", b"", b"fff" * 40, b"g"]
+    decoder = FrameDecoder()
+    decoder.feed(b"".join(codec.publish(b"q", body) for body in bodies))
+    assert decoder.read() == [Run(codec.PUBLISH, b"q", codec.CONTENT, bodies)]
+
+
 def test_a_repeat_whose_length_is_over_the_limit_is_refused():
     decoder = FrameDecoder(max_content=8)
     decoder.feed(codec.publish(b"q", b"12345678") + codec.publish(b"q", b"123456789"))

@@ -32,10 +32,11 @@ class FrameDecoder:
     order.  A frame of two packages, queue first (a 2017 001, a 002, 004 or
     006), comes out as a ``Run``, and so do the frames after it that repeat
     all of its bytes up to the second package's length: those are recognised
-    with one ``startswith`` and their value is sliced out, while a frame that
-    does not repeat the last one is parsed in full (and becomes the next one
-    to repeat).  Every frame's headers are checked once; a repeat's differ
-    only in the second package's length, checked like any package header.
+    with one ``startswith`` (two if the length differs from the last one's)
+    and their value is sliced out, while a frame that does not repeat the
+    last one is parsed in full (and becomes the next one to repeat).  Every
+    frame's headers are checked once; a repeat's differ only in the second
+    package's length, checked like any package header.
 
     ``feed`` only queues what arrives.  A frame that is not complete is parsed
     again from its start once the bytes it waits for (``_need``) have arrived,
@@ -58,6 +59,8 @@ class FrameDecoder:
         self._error: PHPMQError | None = None
         self._package_headers: dict[bytes, tuple[int, int]] = {}
         self._repeat: bytes | None = None
+        self._same = b""
+        self._same_length = 0
         self._repeat_of: tuple[int, bytes, int] = (0, b"", 0)
         self._frames: deque[Frame] = deque()
 
@@ -123,18 +126,30 @@ class FrameDecoder:
             repeat = self._repeat
             if repeat is not None and data.startswith(repeat, pos):
                 values = [] if run is None else run.values
-                value_at = len(repeat) + PACKAGE_HEADER_SIZE - 3  # past the length digits
-                while data.startswith(repeat, pos):
-                    start = pos + value_at
-                    header = headers.get(data[start - PACKAGE_HEADER_SIZE : start])
-                    if header is None or start + header[1] > end:
-                        break  # a length not seen yet, or not all here: the long way
-                    pos = start + header[1]
+                # ``same``: the repeat with the length of the last value, as values
+                # often all have the same length (ids always do)
+                same, length = self._same, self._same_length
+                value_at = len(same)
+                while True:
+                    if data.startswith(same, pos):
+                        start = pos + value_at
+                    elif data.startswith(repeat, pos):
+                        start = pos + value_at
+                        header = headers.get(data[start - PACKAGE_HEADER_SIZE : start])
+                        if header is None:
+                            break  # a length not seen yet: the long way checks it
+                        same, length = data[pos:start], header[1]
+                    else:
+                        break
+                    if start + length > end:
+                        break  # not all here: the long way waits for it
+                    pos = start + length
                     values.append(data[start:pos])
+                self._same, self._same_length = same, length
                 if run is None and values:
                     run = Run(*self._repeat_of, values)
                     items.append(run)
-            start = pos
+            at = pos
             parsed = self._frame(data, pos, end)
             if parsed is None:
                 self._pos = pos
@@ -145,7 +160,9 @@ class FrameDecoder:
                 items.append(frame)
                 continue
             # two packages, queue first: the next frames may repeat all but its value
-            self._repeat = data[start : second + 3]
+            self._repeat = data[at : second + 3]
+            self._same = data[at : second + PACKAGE_HEADER_SIZE]
+            self._same_length = pos - second - PACKAGE_HEADER_SIZE
             key = self._repeat_of = (
                 frame.type, frame.packages[QUEUE], _PACKAGE_TYPES[data[second : second + 3]]
             )

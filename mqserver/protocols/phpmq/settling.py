@@ -56,11 +56,10 @@ class Settling:
             for message_id in run.values:
                 self._ack_any(queue, message_id)
             return
-        unacked, ack = own.unacked, self.broker.ack
+        ack = self.broker.ack
         for message_id in run.values:
-            if message_id in unacked:
-                ack(own, message_id)  # checked when it came in, as in ``_ack``
-            else:
+            # an id the consumer holds was checked when it came in, as in ``_ack``
+            if not ack(own, message_id):
                 self._ack_any(queue, message_id)
 
     def _ack_any(self, queue: bytes, message_id: bytes) -> None:
