@@ -36,6 +36,7 @@ from mqserver.journal.schema import (
     CONSUMER_OPENED,
     REASON_CONSUMER_GONE,
     REQUEUED,
+    SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
 )
@@ -295,7 +296,8 @@ class Broker(Topology, Settling, Overflow):
             queue.unused_timer.cancel()
             queue.unused_timer = None
         consumer = Consumer(consumer_id, queue, connection, window, manual_ack, priority, slots)
-        self._consumer_keys += 1
+        # a multiple of 8: the journal's slim records carry it or'ed with their tag
+        self._consumer_keys += SLIM_KIND + 1
         consumer.key = self._consumer_keys
         if slots is not None:
             slots.consumers.append(consumer)

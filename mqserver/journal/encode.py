@@ -23,6 +23,7 @@ from mqserver.journal.schema import (
     SLIM_AUTO_ACKED,
     SLIM_DELIVERED,
     SLIM_DELIVERED_FIRST,
+    SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
     VERSION,
@@ -39,19 +40,20 @@ consumer and requeue records.
 
 Slim, for the three records W1 writes per message (the broker's hot path
 builds less; the rest is implied, or joined here from ``consumer_opened``
-and the delivery; ``key`` is the consumer's ``key``; the tags are the small
-ints of ``mqserver.journal.schema``):
+and the delivery).  The first value is a small int: the tag of
+``mqserver.journal.schema``, or'ed with the consumer's ``key`` (a multiple
+of 8, see ``SLIM_KIND``) in the records a consumer causes:
 
 * published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
   protocol, size, expires_at, headers, body)``; ``protocol`` comes as bytes
   (see ``Journal.sources``)
 * published, plain (6): ``(SLIM_PUBLISHED_PLAIN, ts, queue, message_id,
   protocol, size)``: no expiry, no headers, body not journaled
-* delivered (8): ``(SLIM_DELIVERED, ts, key, message_id, publish_ts,
+* delivered (7): ``(key | SLIM_DELIVERED, ts, message_id, publish_ts,
   delivery_count, size, expires_at)``
-* delivered, first (6): ``(SLIM_DELIVERED_FIRST, ts, key, message_id,
+* delivered, first (5): ``(key | SLIM_DELIVERED_FIRST, ts, message_id,
   publish_ts, size)``: delivery count 1, no expiry
-* acked (4): ``(SLIM_ACKED, ts, key, message_id)``, or ``SLIM_AUTO_ACKED``
+* acked (3): ``(key | SLIM_ACKED, ts, message_id)``, or ``SLIM_AUTO_ACKED``
   for a delivery without manual ack (reason ``auto_ack``)
 
 The broker hands them over flattened, one list of values for a whole batch
@@ -59,8 +61,8 @@ The broker hands them over flattened, one list of values for a whole batch
 each event's width.
 """
 
-WIDTHS = {SLIM_PUBLISHED: 9, SLIM_PUBLISHED_PLAIN: 6, SLIM_DELIVERED: 8, SLIM_DELIVERED_FIRST: 6,
-          SLIM_ACKED: 4, SLIM_AUTO_ACKED: 4}
+WIDTHS = {SLIM_PUBLISHED: 9, SLIM_PUBLISHED_PLAIN: 6, SLIM_DELIVERED: 7, SLIM_DELIVERED_FIRST: 5,
+          SLIM_ACKED: 3, SLIM_AUTO_ACKED: 3}
 """Width of the slim events; every other event is ``EVENT_WIDTH`` wide."""
 
 _UNKNOWN_CONSUMER = (None, None, None, None)
@@ -74,7 +76,8 @@ def unflatten(values: list[Any]) -> Iterator[Event]:
     widths = WIDTHS
     start, end = 0, len(values)
     while start < end:
-        stop = start + widths.get(values[start], EVENT_WIDTH)
+        tag = values[start]
+        stop = start + (widths[tag & SLIM_KIND] if tag.__class__ is int else EVENT_WIDTH)
         yield tuple(values[start:stop])
         start = stop
 
@@ -103,36 +106,40 @@ class Encoder:
         held = self._held
         for record in events:
             tag = record[0]
-            if tag == SLIM_DELIVERED_FIRST:
-                _, ts, key, message_id, publish_ts, size = record
-                record = (tag, ts, key, message_id, publish_ts, 1, size, None)
-                tag = SLIM_DELIVERED
-            elif tag == SLIM_PUBLISHED_PLAIN:
-                record = (*record, None, None, None)
-                tag = SLIM_PUBLISHED
-            if tag == SLIM_DELIVERED:
-                _, ts, key, message_id, publish_ts, count, size, expires_at = record
-                queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
-                deliveries = held.get(key)
-                if deliveries is None:
-                    deliveries = held[key] = {}
-                deliveries[message_id] = (publish_ts, count, size, expires_at)
-                yield (DELIVERED, ts, queue, message_id, publish_ts, count, consumer,
-                       connection, protocol, size, expires_at, None, None, None)
-            elif tag == SLIM_PUBLISHED:
-                _, ts, queue, message_id, protocol, size, expires_at, headers, body = record
-                yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
-                       expires_at, None, headers, body)
-            elif tag in (SLIM_ACKED, SLIM_AUTO_ACKED):
-                _, ts, key, message_id = record
-                queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
-                deliveries = held.get(key)
-                found = deliveries.pop(message_id, None) if deliveries else None
-                # not seen delivered (cannot happen within one journal run): no message fields
-                publish_ts, count, size, expires_at = found or (ts, 0, 0, None)
-                yield (ACKED, ts, queue, message_id, publish_ts, count, consumer, connection,
-                       protocol, size, expires_at,
-                       REASON_AUTO_ACK if tag == SLIM_AUTO_ACKED else None, None, None)
+            if tag.__class__ is int:
+                kind = tag & SLIM_KIND
+                key = tag - kind
+                if kind in (SLIM_DELIVERED_FIRST, SLIM_DELIVERED):
+                    if kind == SLIM_DELIVERED_FIRST:
+                        _, ts, message_id, publish_ts, size = record
+                        count, expires_at = 1, None
+                    else:
+                        _, ts, message_id, publish_ts, count, size, expires_at = record
+                    queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
+                    deliveries = held.get(key)
+                    if deliveries is None:
+                        deliveries = held[key] = {}
+                    deliveries[message_id] = (publish_ts, count, size, expires_at)
+                    yield (DELIVERED, ts, queue, message_id, publish_ts, count, consumer,
+                           connection, protocol, size, expires_at, None, None, None)
+                elif kind == SLIM_PUBLISHED_PLAIN:
+                    _, ts, queue, message_id, protocol, size = record
+                    yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
+                           None, None, None, None)
+                elif kind == SLIM_PUBLISHED:
+                    _, ts, queue, message_id, protocol, size, expires_at, headers, body = record
+                    yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
+                           expires_at, None, headers, body)
+                else:  # SLIM_ACKED or SLIM_AUTO_ACKED: unflatten knows no other
+                    _, ts, message_id = record
+                    queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
+                    deliveries = held.get(key)
+                    found = deliveries.pop(message_id, None) if deliveries else None
+                    # not seen delivered (cannot happen within one journal run): no message fields
+                    publish_ts, count, size, expires_at = found or (ts, 0, 0, None)
+                    yield (ACKED, ts, queue, message_id, publish_ts, count, consumer, connection,
+                           protocol, size, expires_at,
+                           REASON_AUTO_ACK if kind == SLIM_AUTO_ACKED else None, None, None)
             elif tag in _KEYED:
                 event, key = tag, record[13]
                 if event == "consumer_opened":

@@ -32,6 +32,10 @@ SLIM_AUTO_ACKED = 3
 # delivery without expiry
 SLIM_PUBLISHED_PLAIN = 4
 SLIM_DELIVERED_FIRST = 5
+SLIM_KIND = 7
+"""Mask of the tag in a slim record's first value.  Consumer keys are
+multiples of 8, and the records a consumer causes carry ``key | tag`` there:
+one value less to hand over per record."""
 
 MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)
 TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED)

@@ -19,6 +19,7 @@ from mqserver.journal.schema import (
     SLIM_AUTO_ACKED,
     SLIM_DELIVERED,
     SLIM_DELIVERED_FIRST,
+    SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
     SPARK_DDL,
@@ -92,6 +93,26 @@ def test_message_lifecycle_is_journaled_with_values_of_the_moment(tmp_path):
     assert got[3]["consumer"] == f"{conn.id}/c1" and got[3]["protocol"] == "mqks"
     assert got[8]["ttl_ms"] == 2000
     assert set().union(*got) <= set(FIELD_NAMES)
+
+
+def test_records_name_the_right_consumer_among_many(tmp_path):
+    # consumer keys are multiples of 8 or'ed into the slim records' tags:
+    # past the 32nd consumer they are no longer Python's cached small ints
+    broker, journal, clock = make(tmp_path)
+    conn = broker.connection_opened("mqks", "p", RecordingSink())
+    consumers = [broker.consume(conn, b"c%d" % n, b"q%d" % n) for n in range(40)]
+    assert all(c.key % (SLIM_KIND + 1) == 0 for c in consumers)
+    assert len({c.key for c in consumers}) == 40
+    for n in range(40):
+        broker.publish_to_queue(b"q%d" % n, b"m%d" % n, b"x")
+    clock.advance(0)
+    for n, consumer in enumerate(consumers):
+        assert broker.ack(consumer, b"m%d" % n)
+    journal.stopService()
+    settled = [(r["event"], r["consumer"], r["message_id"]) for r in records(tmp_path)
+               if r["event"] in ("delivered", "acked")]
+    assert sorted(settled) == sorted(
+        (event, f"{conn.id}/c{n}", f"m{n}") for n in range(40) for event in ("delivered", "acked"))
 
 
 def test_expiry_cancel_and_auto_ack(tmp_path):
@@ -236,13 +257,13 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
 
 
 def test_unflatten_cuts_a_flat_batch_by_each_events_width():
-    full = ("requeued", T0, b"q", b"m1", T0, 1, b"c", 1, "mqks", 3, None, "rejected", None, 7)
+    full = ("requeued", T0, b"q", b"m1", T0, 1, b"c", 1, "mqks", 3, None, "rejected", None, 56)
     slim_published = (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, None, False)
-    delivered = (SLIM_DELIVERED, T0, 7, b"m1", T0, 1, 3, None)
-    acked = (SLIM_ACKED, T0, 7, b"m1")
-    auto_acked = (SLIM_AUTO_ACKED, T0, 7, b"m2")
+    delivered = (56 | SLIM_DELIVERED, T0, b"m1", T0, 1, 3, None)
+    acked = (56 | SLIM_ACKED, T0, b"m1")
+    auto_acked = (56 | SLIM_AUTO_ACKED, T0, b"m2")
     plain = (SLIM_PUBLISHED_PLAIN, T0, b"q", b"m3", b"mqks", 3)
-    first = (SLIM_DELIVERED_FIRST, T0, 7, b"m3", T0, 3)
+    first = (56 | SLIM_DELIVERED_FIRST, T0, b"m3", T0, 3)
     events = [slim_published, delivered, full, acked, auto_acked, plain, first]
     flat = [value for event in events for value in event]
     assert list(unflatten(flat)) == events
@@ -250,15 +271,16 @@ def test_unflatten_cuts_a_flat_batch_by_each_events_width():
 
 
 def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_in():
+    key = 7 * (SLIM_KIND + 1)  # the broker's seventh consumer
     opened = ("consumer_opened", T0, b"q", None, None, 0, b"c", 4, "mqks", 0, None, None,
-              None, 7)
+              None, key)
     slim = [
         (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, T0 + 5, None, False),
-        (SLIM_DELIVERED, T0 + 1, 7, b"m1", T0, 2, 3, T0 + 5),
-        (SLIM_ACKED, T0 + 2, 7, b"m1"),
+        (key | SLIM_DELIVERED, T0 + 1, b"m1", T0, 2, 3, T0 + 5),
+        (key | SLIM_ACKED, T0 + 2, b"m1"),
         (SLIM_PUBLISHED_PLAIN, T0 + 3, b"q", b"m2", b"mqks", 4),
-        (SLIM_DELIVERED_FIRST, T0 + 3, 7, b"m2", T0 + 3, 4),
-        (SLIM_AUTO_ACKED, T0 + 3, 7, b"m2"),
+        (key | SLIM_DELIVERED_FIRST, T0 + 3, b"m2", T0 + 3, 4),
+        (key | SLIM_AUTO_ACKED, T0 + 3, b"m2"),
     ]
     full = list(Encoder("n").expand([opened, *slim]))[1:]
     assert full == [
