@@ -22,6 +22,7 @@ identity once delivered, in ``Consumer.unacked``).
 from __future__ import annotations
 
 import math
+import sys
 from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -46,6 +47,8 @@ _CREATED, _EXPIRES, _RETRY, _SOURCE = (
     attrgetter(name) for name in ("created_at", "expires_at", "retry", "source")
 )
 _NONE = math.nan  # expires_at None in the float array
+# sys.getrefcount of a message only a deque holds: the deque's reference and the argument's
+_ONLY_THE_TAIL = 2
 
 
 def _shared(values: list[Any]) -> Any:
@@ -158,7 +161,7 @@ def _at(column: Any, i: int) -> Any:
 class PackedReady:
     """A queue's ready messages: ``head`` objects, packed ``chunks``, ``tail`` objects.
 
-    Appends go to the tail, which is packed every ``CHUNK`` messages; pops
+    Appends go to the tail, which is packed ``CHUNK`` messages at a time; pops
     come from the head, which takes the next chunk's messages when it runs
     out (or the tail's, once no chunk is left).  ``Queue.pack_ready`` swaps a
     large deque for one of these (its deque becomes the head, so nothing is
@@ -183,10 +186,27 @@ class PackedReady:
     def append(self, message: Message) -> None:
         tail = self.tail
         tail.append(message)
-        if len(tail) >= self.chunk_size:
-            self.chunks.append(Chunk(list(tail)))
-            self.packed += len(tail)
-            tail.clear()
+        if len(tail) > self.chunk_size:
+            self._pack()
+
+    def _pack(self) -> None:
+        """Pack the tail's oldest ``chunk_size`` messages, if the tail is all that holds them.
+
+        A message something else still references (a durable store's write
+        backlog: SQLite can lag a fast publisher by most of a million messages)
+        would be kept twice, packed and as an object, costing memory instead of
+        saving it; it is packed by a later append, once its writer let go.  The
+        chunk's newest message stands for all of it, as writers work in order.
+        At most two chunks per append, so a tail that grew meanwhile shrinks
+        again without one long pause.
+        """
+        tail = self.tail
+        size = self.chunk_size
+        for _ in range(2):
+            if len(tail) <= size or sys.getrefcount(tail[size - 1]) > _ONLY_THE_TAIL:
+                return
+            self.chunks.append(Chunk([tail.popleft() for _ in range(size)]))
+            self.packed += size
 
     def extend(self, messages: Iterable[Message]) -> None:
         for message in messages:
