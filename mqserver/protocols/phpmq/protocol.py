@@ -329,16 +329,15 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
     # -- IDeliverySink ------------------------------------------------------
 
     def deliver(self, consumer: Consumer, message: Message) -> None:
-        head = self._heads.get(message.queue)
-        if head is None:
-            head = self._head(message.queue)
-        if self.revision == 2018:
-            ttl = codec.remaining_ttl(message.expires_at, self.broker.clock.seconds())
-            data = codec.dispatch(message.queue, message.body, message.id, ttl, head)
-        else:
-            data = codec.dispatch(message.queue, message.body, message.id, None, head)
         if self._closing:
             return
+        queue = message.queue
+        head = self._heads.get(queue) or self._head(queue)
+        if self.revision == 2018:
+            ttl = codec.remaining_ttl(message.expires_at, self.broker.clock.seconds())
+            data = codec.dispatch(queue, message.body, message.id, ttl, head)
+        else:
+            data = codec.dispatch(queue, message.body, message.id, None, head)
         self._out.append(data)
         # written at the end of the chunk being received, else once per turn
         if self._flush_call is None and not self._receiving:
