@@ -255,9 +255,8 @@ class Broker(Topology, Settling, Overflow):
 
     def _append(self, queue: Queue, message: Message) -> None:
         """Put a new (or newly sequenced) message at the tail and record it."""
-        ready = queue.ready
-        ready.append(message)
-        if len(ready) > queue.pack_after:  # see Queue.pack_ready
+        queue.ready.append(message)
+        if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
             queue.pack_ready(self.pack_ready_after)
         if message.expires_at is not None:
             queue.ttl_ready += 1

@@ -9,7 +9,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import Any
 
-from mqserver.broker.ready import PackedReady, take_expired
+from mqserver.broker.ready import CHUNK, PackedReady, take_expired
 from mqserver.model import Message, QueueOptions
 
 
@@ -22,9 +22,8 @@ class Queue:
 
     ``ready`` is a plain deque until it holds more than ``--pack-ready-after``
     messages, then a ``PackedReady`` (see mqserver.broker.ready) until it is
-    small again.  Both offer the same operations; the broker's publish path
-    compares the length with ``pack_after`` after each append and calls
-    ``pack_ready`` past it, which is the only place where the two swap.
+    small again.  Both offer the same operations; ``pack_ready`` is the only
+    place where the two swap.
     """
 
     __slots__ = (
@@ -40,7 +39,7 @@ class Queue:
         "limit",
         "name",
         "options",
-        "pack_after",
+        "pack_check_at",
         "ready",
         "refused",
         "reject",
@@ -58,10 +57,10 @@ class Queue:
         self.options = options
         self.created_at = created_at
         self.ready: deque[Message] | PackedReady = deque()
-        # past this length an append calls pack_ready: 0 until the first one
-        # sets the broker's threshold; 0 again while packed, so that each
-        # append checks whether the queue is small enough to swap back
-        self.pack_after = 0
+        # Broker._append calls pack_ready once enqueued reaches it: comparing
+        # two small ints per publish costs half what a len() does, which
+        # allocates one (0: the first publish sets it from the threshold)
+        self.pack_check_at = 0
         self.consumers: list[Consumer] = []
         self.rr = 0
         self.rr_by_priority: dict[int, int] = {}
@@ -99,25 +98,29 @@ class Queue:
                 insort(ready, message, key=_seq)
 
     def pack_ready(self, threshold: int) -> None:
-        """Swap ``ready`` to or from its packed form, after an append passed ``pack_after``.
+        """Swap ``ready`` to or from its packed form (``Broker._append`` calls it
+        once ``enqueued`` reaches ``pack_check_at``).
 
-        ``threshold`` (``--pack-ready-after``, 0 or less: never) is the most ready
-        messages kept as objects; packing starts with the next one.  Back to
-        a deque once no chunk is left and the queue is within it again: a
-        deque's append and popleft are a good deal cheaper than a Python
-        method, and small queues are the hot path.
+        ``threshold`` (``--pack-ready-after``, 0 or less: never) is the most
+        ready messages kept as objects.  Back to a deque once no chunk is left
+        and the queue is within it again: a deque's append and popleft are a
+        good deal cheaper than a Python method, and small queues are the hot
+        path.  The next check is due when publishes alone could take a deque
+        past the threshold (requeues and restores may add a few more before
+        it), or while packed after ``CHUNK`` publishes, to see whether it can
+        swap back.
         """
         threshold = threshold if threshold > 0 else sys.maxsize
         ready = self.ready
         if isinstance(ready, PackedReady):
             if not ready.chunks and len(ready) <= threshold:
                 self.ready = ready.unpacked()
-                self.pack_after = threshold
         elif len(ready) > threshold:
             self.ready = PackedReady(ready)
-            self.pack_after = 0
+        if isinstance(self.ready, PackedReady):
+            self.pack_check_at = self.enqueued + CHUNK
         else:
-            self.pack_after = threshold
+            self.pack_check_at = self.enqueued + max(1, threshold + 1 - len(self.ready))
 
     def take_expired(self, now: float) -> list[Message]:
         """Remove and return the ready messages whose TTL has passed at ``now``."""

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mqserver.broker.queue import Queue
-from mqserver.broker.ready import Chunk, PackedReady
+from mqserver.broker.ready import CHUNK, Chunk, PackedReady
 from mqserver.model import Message, QueueOptions
 from mqserver.testing import RecordingSink
 
@@ -192,10 +192,11 @@ def _queue(*seqs: int) -> Queue:
 def test_a_queue_packs_past_its_threshold_and_swaps_back_when_small():
     queue = _queue(1, 2, 3)
     queue.pack_ready(5)
-    assert type(queue.ready) is deque and queue.pack_after == 5
+    assert type(queue.ready) is deque
+    assert queue.pack_check_at == 3, "3 more publishes could take it past 5"
     queue.ready.extend(Message(b"m", b"q", b"b", seq) for seq in range(4, 3000))
     queue.pack_ready(5)
-    assert isinstance(queue.ready, PackedReady) and queue.pack_after == 0
+    assert isinstance(queue.ready, PackedReady) and queue.pack_check_at == CHUNK
     for seq in range(3000, 5100):
         queue.ready.append(Message(b"m", b"q", b"b", seq))
     assert queue.ready.chunks
@@ -205,7 +206,7 @@ def test_a_queue_packs_past_its_threshold_and_swaps_back_when_small():
     while len(packed) > 5:
         packed.popleft()
     queue.pack_ready(5)
-    assert type(queue.ready) is deque and queue.pack_after == 5
+    assert type(queue.ready) is deque and queue.pack_check_at == 1
     assert [m.seq for m in queue.ready] == list(range(5095, 5100))
     assert not packed, "the packed form is left empty, so nothing is served twice"
 
@@ -260,8 +261,11 @@ def test_a_packed_backlog_is_delivered_in_order_and_intact(broker, clock):
     assert sink.bodies() == [b"body %d" % n for n in range(3000)]
     assert [m.headers for _, m in sink.delivered][-1] == {"n": "2999"}
     assert [m.seq for _, m in sink.delivered] == sorted(m.seq for _, m in sink.delivered)
-    broker.publish_event(b"e", b"after", b"x")
-    assert type(queue.ready) is deque, "an empty queue goes back to a deque on the next publish"
+    for _ in range(CHUNK):
+        broker.publish_event(b"e", b"after", b"x")
+        clock.advance(0)
+    assert type(queue.ready) is deque, "a drained queue goes back to a deque within CHUNK publishes"
+    assert len(sink.delivered) == 3000 + CHUNK
 
 
 def test_ttl_purge_and_drop_head_on_a_packed_queue(broker, clock):
