@@ -339,3 +339,12 @@ def _header(data: bytes | bytearray, offset: int, max_frame: int) -> tuple[int, 
     if size > max_frame:
         raise TooLargeError(f"frame of {size} bytes is over the {max_frame} limit")
     return flags, start, start + size
+
+
+def describe(identity: bytes) -> str:
+    """An identity for logs and JSON: its text if printable UTF-8, else ``0x`` and hex."""
+    try:
+        text = identity.decode("utf-8")
+    except UnicodeDecodeError:
+        return "0x" + identity.hex()
+    return text if text.isprintable() and text else "0x" + identity.hex()

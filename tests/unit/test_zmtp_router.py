@@ -8,8 +8,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqserver.zmtp import codec
-from mqserver.zmtp.codec import COMMAND, MessageDecoder
-from mqserver.zmtp.router import FLUSH_AT, UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.codec import COMMAND, MessageDecoder, describe
+from mqserver.zmtp.connection import FLUSH_AT
+from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory
 
 
 class Recorder:

@@ -16,7 +16,8 @@ from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService
-from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory, describe
+from mqserver.zmtp.codec import describe
+from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory
 
 log = Logger()
 

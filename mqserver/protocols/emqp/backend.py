@@ -15,7 +15,9 @@ from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Worker
-from mqserver.zmtp.router import UnroutableError, ZMTPConnection, ZMTPRouterFactory, describe
+from mqserver.zmtp.codec import describe
+from mqserver.zmtp.connection import ZMTPConnection
+from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory
 
 log = Logger()
 

@@ -17,7 +17,7 @@ from zope.interface import implementer
 from mqserver.broker.queue import Consumer, Slots
 from mqserver.interfaces import IClientConnection, IDeliverySink
 from mqserver.model import Message
-from mqserver.zmtp.router import describe
+from mqserver.zmtp.codec import describe
 
 if TYPE_CHECKING:
     from mqserver.protocols.emqp.service import EMQPService

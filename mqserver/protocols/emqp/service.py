@@ -35,12 +35,8 @@ from mqserver.protocols.emqp.codec import REPLY, REQUEST
 from mqserver.protocols.emqp.drain import Drain, close_all, say_goodbye
 from mqserver.protocols.emqp.peers import Peer, Worker
 from mqserver.protocols.emqp.scheduler import ScheduleRunner
-from mqserver.zmtp.router import (
-    DEFAULT_MAX_FRAMES,
-    UnroutableError,
-    ZMTPRouterFactory,
-    describe,
-)
+from mqserver.zmtp.codec import describe
+from mqserver.zmtp.router import DEFAULT_MAX_FRAMES, UnroutableError, ZMTPRouterFactory
 
 log = Logger()
 
