@@ -62,3 +62,13 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
     assert any("MQKS memory W1 total" in name for name in measured)
     assert "### Targets (same-run ratios)" in md.read_text()
     assert "Targets (same-run ratios)" in run.stdout
+
+
+def test_zmq_floor_measures_a_pyzmq_clients_cost_per_emqp_message():
+    run = subprocess.run([sys.executable, "-m", "bench.zmq_floor", "--messages", "2000"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True)
+    lines = run.stdout.splitlines()
+    assert lines[0].startswith("pyzmq ") and "2000 messages" in lines[0]
+    assert [line.split(":")[0] for line in lines[1:]] == [
+        "send 11 frames", "recv 11 frames", "one client's ceiling with a free broker"]
+    assert int(lines[3].split(": ")[1].split()[0].replace(",", "")) > 0
