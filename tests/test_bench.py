@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always")
 PEERS = {"beanstalkd": "beanstalkd", "beanstalkd-b": "beanstalkd", "beanstalkd-b-f0": "beanstalkd",
@@ -72,3 +74,12 @@ def test_zmq_floor_measures_a_pyzmq_clients_cost_per_emqp_message():
     assert [line.split(":")[0] for line in lines[1:]] == [
         "send 11 frames", "recv 11 frames", "one client's ceiling with a free broker"]
     assert int(lines[3].split(": ")[1].split()[0].replace(",", "")) > 0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (Debian package)")
+def test_callgrind_counts_the_servers_instructions_per_message():
+    run = subprocess.run([sys.executable, "-m", "bench.callgrind", "--messages", "500",
+                          "--journal"], cwd=ROOT, capture_output=True, text=True, timeout=600,
+                         check=True)
+    assert run.stdout.startswith("W1 mqks storage=memory journal=on N=500: ")
+    assert int(run.stdout.split(": ")[1].split()[0].replace(",", "")) > 0
