@@ -115,3 +115,32 @@ def test_parsers_only_ever_raise_mqks_error(data):
 def test_escaped_body_never_contains_a_line_break(body):
     escaped = codec.escape_body(body)
     assert b"\n" not in escaped and b"\r" not in escaped
+
+
+WORDS = st.lists(st.sampled_from([b"c1", b"m1", b"--confirm", b"--all", b"", b"a b"]), max_size=4)
+
+
+@given(WORDS)
+def test_settle_words_parse_as_the_data_does(args):
+    """``ack``/``reject`` parse the words ``_request`` split; the answer is the data's."""
+    line = b" ".join([b"r", b"ack", *args])
+    words = line.split(b" ", 3)
+    if len(words) < 3:
+        assert len(line.split(b" ", 2)) < 3  # a short line: _request answers it
+        return
+    data = line.split(b" ", 2)[2]
+    assert codec.request_data(words) == data
+    try:
+        expected = codec.parse_settle(data)
+    except MQKSError:
+        with pytest.raises(MQKSError):
+            codec.parse_settle_words(words)
+    else:
+        assert codec.parse_settle_words(words) == expected
+
+
+def test_with_data_hands_over_everything_after_the_action():
+    seen = []
+    handler = codec.with_data(lambda request_id, data: seen.append((request_id, data)))
+    handler(b"r", b"r consume q  a b".split(b" ", 3))
+    assert seen == [(b"r", b"q  a b")]

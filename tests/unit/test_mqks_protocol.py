@@ -453,3 +453,39 @@ def test_deliveries_to_another_connection_are_written_at_the_end_of_the_chunk():
     h.clock.advance(0)
     assert len(consumer.transport.value().splitlines()) == 4
     assert h.factory.chunk_outputs is None
+
+
+def _publish_as_specified(line: bytes) -> tuple[bool, bytes, bytes] | None:
+    """(confirm, event, body) of a publish line, or None for an error: the
+    original server's reading (``--confirm`` only as the first word)."""
+    parts = line.rstrip().split(b" ", 2)
+    if len(parts) != 3:
+        return None
+    event, space, body = parts[2].partition(b" ")
+    confirm = event == b"--confirm" and bool(space)
+    if confirm:
+        event, _, body = body.partition(b" ")
+    if not event or not body:
+        return None
+    return confirm, event, body
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from([b"ev", b"--confirm", b"x", b"", b"  ", b"a-b"]), max_size=5),
+       st.sampled_from([b"", b" ", b"\r"]))
+def test_publish_reads_its_words_as_the_original_did(words, tail):
+    h = Harness()
+    c = h.connect()
+    line = b" ".join([b"m1", b"publish", *words]) + tail
+    published = []
+    publish = h.broker.publish_event
+    h.broker.publish_event = lambda *args: published.append(args[:3]) or publish(*args)
+    c.send(line)
+    got = c.lines()
+    expected = _publish_as_specified(line)
+    if expected is None:
+        assert published == [] and len(got) == 1 and EID.search(got[0])
+        return
+    confirm, event, body = expected
+    assert published == [(event, b"m1", body)]
+    assert got == ([b"m1 ok "] if confirm else [])

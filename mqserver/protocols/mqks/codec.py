@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -28,6 +29,7 @@ _ALNUM = b"0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
 # about 1 us per test in CPython 3.11, twice per delivery.
 LF = ord("\n")
 CR = ord("\r")
+SPACE = ord(" ")
 
 
 class MQKSError(ValueError):
@@ -220,6 +222,33 @@ def parse_settle(data: bytes) -> tuple[bool, bytes, bytes]:
     if len(parts) != 2 or not parts[0] or not parts[1]:
         raise MQKSError("expected a consumer id and a message id or --all")
     return confirm, parts[0], parts[1]
+
+
+def parse_settle_words(words: list[bytes]) -> tuple[bool, bytes, bytes]:
+    """``parse_settle`` of a request line split into at most four words.
+
+    ``words`` is ``line.split(b" ", 3)``: id, action, then (usually) the
+    consumer id and the message id, which need no further split.
+    """
+    if len(words) == 4:
+        consumer_id, message_id = words[2], words[3]
+        if consumer_id and consumer_id != CONFIRM and message_id and SPACE not in message_id:
+            return False, consumer_id, message_id  # the common case: no --confirm
+    return parse_settle(request_data(words))
+
+
+def request_data(words: list[bytes]) -> bytes:
+    """A request's data, everything after its action, from ``line.split(b" ", 3)``."""
+    return b" ".join(words[2:])
+
+
+def with_data(handler: Callable[[bytes, bytes], None]) -> Callable[[bytes, list[bytes]], None]:
+    """A handler of (request id, data) as a handler of (request id, words)."""
+
+    def call(request_id: bytes, words: list[bytes]) -> None:
+        handler(request_id, request_data(words))
+
+    return call
 
 
 def parse_single(data: bytes, what: str) -> tuple[bool, bytes]:

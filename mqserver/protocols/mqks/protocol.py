@@ -1,14 +1,16 @@
 # -*- test-case-name: tests.unit.test_mqks_protocol -*-
 """The MQKS server protocol: parse request lines, call the broker, write replies.
 
-Parsing is one ``split`` per ``dataReceived`` chunk with dispatch through a
-dict of bound methods; replies and deliveries are buffered and written once
-per chunk (or once per reactor turn for deliveries), never once per line.
+Parsing is one ``split`` per ``dataReceived`` chunk, then one per line into at
+most four words, with dispatch through a dict of bound methods; replies and
+deliveries are buffered and written once per chunk (or once per reactor turn
+for deliveries), never once per line (``output``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -24,8 +26,9 @@ from mqserver.limits import Limits, find_control
 from mqserver.model import Message
 from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.mqks import codec
-from mqserver.protocols.mqks.codec import MQKSError
+from mqserver.protocols.mqks.codec import CONFIRM, MQKSError, with_data
 from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
+from mqserver.protocols.mqks.output import Output
 from mqserver.protocols.mqks.stats_view import stats_names
 
 log = Logger()
@@ -82,7 +85,7 @@ class MQKSFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class MQKSProtocol(Backpressure, Protocol):
+class MQKSProtocol(Backpressure, Output, Protocol):
     """One MQKS client; ``Backpressure`` pauses its deliveries while it cannot take them."""
 
     def __init__(self, factory: MQKSFactory) -> None:
@@ -99,16 +102,18 @@ class MQKSProtocol(Backpressure, Protocol):
         self._flush_due = False
         self._receiving = False
         self._closing = False
-        self._actions = {
+        # The hot actions take the request's words as ``_request`` split them;
+        # the others take their data, everything after the action, as sent.
+        self._actions: dict[bytes, Callable[[bytes, list[bytes]], None]] = {
             b"publish": self._publish,
-            b"consume": self._consume,
-            b"rebind": self._rebind,
             b"ack": self._ack,
             b"reject": self._reject,
-            b"delete_consumer": self._delete_consumer,
-            b"delete_queue": self._delete_queue,
-            b"ping": self._ping,
-            b"_eval": self._eval,
+            b"consume": with_data(self._consume),
+            b"rebind": with_data(self._rebind),
+            b"delete_consumer": with_data(self._delete_consumer),
+            b"delete_queue": with_data(self._delete_queue),
+            b"ping": with_data(self._ping),
+            b"_eval": with_data(self._eval),
         }
 
     # -- connection ---------------------------------------------------------
@@ -174,12 +179,17 @@ class MQKSProtocol(Backpressure, Protocol):
         factory = self.factory
         outer, factory.chunk_outputs = factory.chunk_outputs, []
         try:
-            for line in lines:
-                if len(line) > self.max_line:
-                    self._line_too_long()
-                    return
-                self._request(line)
-            if self._pending_size > self.max_line:
+            request, max_line = self._request, self.max_line
+            if len(data) <= max_line:  # the usual chunk: none of its lines can be too long
+                for line in lines:
+                    request(line)
+            else:
+                for line in lines:
+                    if len(line) > max_line:
+                        self._line_too_long()
+                        return
+                    request(line)
+            if self._pending_size > max_line:
                 self._line_too_long()
         finally:
             # deliveries to this connection join its replies in one write
@@ -188,14 +198,16 @@ class MQKSProtocol(Backpressure, Protocol):
             self._flush()
             others, factory.chunk_outputs = factory.chunk_outputs, outer
             for other in others:
-                other._flush()
+                other._flush(deliveries=True)
 
     def _request(self, line: bytes) -> None:
-        parts = line.rstrip().split(b" ", 2)
-        if len(parts) != 3:
+        # At most four words: id, action, and a publish's event and body or an
+        # ack's consumer and message ids, so those need no second split.
+        words = line.rstrip().split(b" ", 3)
+        if len(words) < 3:
             self._error(b"None", "a request needs an id, an action and data")
             return
-        request_id, action, data = parts
+        request_id = words[0]
         if not 0 < len(request_id) <= self._max_id or not (
             request_id.isalnum() or find_control(request_id) is None
         ):
@@ -205,16 +217,16 @@ class MQKSProtocol(Backpressure, Protocol):
                 # not echoed: the id itself is what is wrong (too long, control characters)
                 self._error(b"None", str(e))
                 return
-        handler = self._actions.get(action)
+        handler = self._actions.get(words[1])
         if handler is None:
-            self._error(request_id, f"unknown action {action!r}")
+            self._error(request_id, f"unknown action {words[1]!r}")
             return
         try:
-            handler(request_id, data)
+            handler(request_id, words)
         except (MQKSError, EvalError, QueueFullError) as e:
             self._error(request_id, str(e))
         except Exception:
-            log.failure("mqks {action} failed", action=action)
+            log.failure("mqks {action} failed", action=words[1])
             self._error(request_id, "internal error")
 
     def _names(self, *groups: list[bytes]) -> None:
@@ -231,54 +243,6 @@ class MQKSProtocol(Backpressure, Protocol):
         self._flush()
         self._closing = True
         self.transport.loseConnection()
-
-    # -- output -------------------------------------------------------------
-
-    def _write(self, data: bytes) -> None:
-        self._out.append(data)
-        if self._receiving or self._flush_due:
-            return  # the end of this chunk, or a flush already due, writes it
-        self._flush_due = True
-        waiting = self.factory.chunk_outputs
-        if waiting is not None:
-            waiting.append(self)  # another connection's chunk made it
-        else:
-            self.broker.clock.callLater(0, self._flush)
-
-    def _flush(self) -> None:
-        self._flush_due = False
-        if self._out:
-            out, self._out = self._out, []
-            self.transport.write(b"".join(out))
-            self._output_flushed()
-
-    def _error(self, request_id: bytes, detail: str) -> None:
-        eid = codec.error_id(self.broker.clock.seconds())
-        log.warn(
-            "mqks error {eid} on connection {conn} for request {rid!r}: {detail}",
-            eid=eid.decode("ascii"),
-            conn=self.connection.id if self.connection else None,
-            rid=request_id,
-            detail=detail,
-        )
-        self._write(b"%s error %s\n" % (request_id, eid))
-
-    def _ok(self, request_id: bytes, data: bytes = b"") -> None:
-        self._write(b"%s ok %s\n" % (request_id, data))
-
-    def _confirm(self, request_id: bytes) -> None:
-        """``ok `` once everything this request changed is durable."""
-        d = self.broker.durable()
-        if d.called:
-            d.addErrback(self._confirm_failed, request_id)
-            self._ok(request_id)
-            return
-        d.addCallbacks(
-            lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,)
-        )
-
-    def _confirm_failed(self, failure: Failure, request_id: bytes) -> None:
-        self._error(request_id, f"storage failed: {failure.getErrorMessage()}")
 
     # -- IDeliverySink ------------------------------------------------------
 
@@ -304,9 +268,13 @@ class MQKSProtocol(Backpressure, Protocol):
 
     # -- actions ------------------------------------------------------------
 
-    def _publish(self, request_id: bytes, data: bytes) -> None:
-        event, space, body = data.partition(b" ")
-        confirm = event == codec.CONFIRM and bool(space)  # "--confirm " only as the first word
+    def _publish(self, request_id: bytes, words: list[bytes]) -> None:
+        """``publish [--confirm] {event} {body}``"""
+        if len(words) < 4:
+            raise MQKSError("publish needs an event and data")
+        event = words[2]
+        body = words[3]
+        confirm = event == CONFIRM  # "--confirm " only as the first word
         if confirm:
             event, _, body = body.partition(b" ")
         if not event or not body:
@@ -366,8 +334,8 @@ class MQKSProtocol(Backpressure, Protocol):
         if args.confirm:
             self._confirm(request_id)
 
-    def _settle(self, request_id: bytes, data: bytes, one: Any, every: Any) -> None:
-        confirm, consumer_id, message_id = codec.parse_settle(data)
+    def _settle(self, request_id: bytes, words: list[bytes], one: Any, every: Any) -> None:
+        confirm, consumer_id, message_id = codec.parse_settle_words(words)
         # The id checks run only where an id matched nothing: a consumer's id
         # was checked by its consume, an unacked message's by its publish
         # (two checks less per ack on the hot path, the same answers).
@@ -384,11 +352,11 @@ class MQKSProtocol(Backpressure, Protocol):
         if confirm:
             self._confirm(request_id)
 
-    def _ack(self, request_id: bytes, data: bytes) -> None:
-        self._settle(request_id, data, self.broker.ack, self.broker.ack_all)
+    def _ack(self, request_id: bytes, words: list[bytes]) -> None:
+        self._settle(request_id, words, self.broker.ack, self.broker.ack_all)
 
-    def _reject(self, request_id: bytes, data: bytes) -> None:
-        self._settle(request_id, data, self.broker.reject, self.broker.reject_all)
+    def _reject(self, request_id: bytes, words: list[bytes]) -> None:
+        self._settle(request_id, words, self.broker.reject, self.broker.reject_all)
 
     def _delete_consumer(self, request_id: bytes, data: bytes) -> None:
         confirm, consumer_id = codec.parse_single(data, "consumer id")
