@@ -195,25 +195,24 @@ class LogStore(Compaction):
             return fail(StoreFailedError(
                 f"an earlier write failed ({self._failure.getErrorMessage()}); restart to recover"
             ))
+        encode, frame = records.encode_op, records.frame
         try:
-            payloads = [records.encode_op(op) for op in ops]
+            frames = [frame(encode(op)) for op in ops]
         except Exception:
             return fail()
-        data = self._frame_batch(ops, payloads)
+        data = self._frame_batch(ops, frames)
         d = self._write(data, self.policy == "always")
         d.addCallback(self._written)
         return d
 
-    def _frame_batch(self, ops: list[tuple[Any, ...]], payloads: list[bytes]) -> bytes:
-        """Frame the records and move the index to where they will be (reactor thread)."""
+    def _frame_batch(self, ops: list[tuple[Any, ...]], frames: list[bytes]) -> bytes:
+        """Join the framed records and move the index to where they will be (reactor thread)."""
         if self._segments[self._active] >= self.segment_bytes:
             self._roll()
         segment = self._active
         start = offset = self._segments[segment]
-        index, frame, next_seq = self._index, records.frame, self._next_seq
-        frames = []
-        for op, payload in zip(ops, payloads, strict=True):
-            data = frame(payload)
+        index, next_seq = self._index, self._next_seq
+        for op, data in zip(ops, frames, strict=True):
             size = len(data)
             kind = op[0]
             if kind == ENQUEUE:
@@ -240,10 +239,9 @@ class LogStore(Compaction):
                 index.put_record(op[1], op[2], loc(segment, offset, size))
             elif kind == DELETE:
                 index.delete_record(op[1], op[2])
-            frames.append(data)
             offset += size
         self._next_seq = next_seq
-        frames.append(frame(records.encode_commit(len(ops), next_seq)))
+        frames.append(records.frame(records.encode_commit(len(ops), next_seq)))
         data = b"".join(frames)
         self._grow(segment, start + len(data))
         return data

@@ -60,7 +60,8 @@ class LogIndex:
         self._add(location)
 
     def remove_message(self, queue: bytes, seq: int) -> bool:
-        old = self.messages.get(queue, {}).pop(seq, None)
+        by_seq = self.messages.get(queue)
+        old = None if by_seq is None else by_seq.pop(seq, None)
         if old is None:
             return False
         self._drop(old)

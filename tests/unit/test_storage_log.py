@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
@@ -109,6 +111,39 @@ def test_every_op_round_trips_through_its_payload():
     assert records.as_enqueue(records.encode_op((REQUEUE, full, 2))) == records.encode_op(
         (ENQUEUE, full)
     )
+
+
+def test_message_payloads_keep_the_documented_layout():
+    """kind | [old seq] | seq, created, expires, retry, flags, six lengths | the six fields."""
+    full = message(5, event=b"e", expires_at=9.5, retry=3, source="mqks")
+    fields = b"q" + full.id + b"e" + b"mqks" + full.body
+    head = struct.pack(">QddIBIIIIII", 5, full.created_at, 9.5, 3, 1 | 2 | 8,
+                       1, len(full.id), 1, 0, 4, len(full.body))
+    assert records.encode_op((ENQUEUE, full)) == bytes((records.K_ENQUEUE,)) + head + fields
+    assert records.encode_op((REQUEUE, full, 2)) == (
+        bytes((records.K_REQUEUE,)) + struct.pack(">Q", 2) + head + fields
+    )
+    assert records.encode_op((REMOVE, b"q", 7)) == (
+        bytes((records.K_REMOVE,)) + struct.pack(">Q", 7) + b"q"
+    )
+
+
+@given(st.binary(min_size=1, max_size=5000))  # a record's payload is never empty
+def test_frames_carry_the_payload_length_and_a_crc_of_both(payload):
+    """Payloads under 4 KiB take the length's CRC from a table; longer ones compute it."""
+    length = struct.pack(">I", len(payload))
+    crc = struct.pack(">I", zlib.crc32(length + payload))
+    framed = records.frame(payload)
+    assert framed == b"\xa5\x5a" + length + crc + payload
+    assert list(records.iter_frames(framed, 0, len(framed))) == [(0, len(framed), payload)]
+
+
+def test_frames_at_the_edge_of_the_length_table():
+    for size in (4095, 4096, 4097):
+        payload = b"p" * size
+        assert list(records.iter_frames(records.frame(payload), 0, size + 10)) == [
+            (0, size + 10, payload)
+        ]
 
 
 def test_header_checks():
