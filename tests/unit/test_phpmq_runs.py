@@ -17,6 +17,7 @@ from mqserver.limits import Limits
 from mqserver.model import QueueOptions
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import Frame, FrameDecoder, PHPMQError, Run
+from mqserver.protocols.phpmq.decoder import BLOCK
 from mqserver.protocols.phpmq.protocol import ID_BATCH
 
 MID = b"0123456789abcdef0123456789abcdef"
@@ -134,6 +135,48 @@ def test_any_chunking_decodes_like_one_shot(frames, data):
         got.extend(read_all(decoder))
     assert expand(got) == one_shot
     assert decoder.buffered() == 0 and not decoder.in_frame()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.one_of(st.just(b"x" * 7), st.just(b"y" * 7), st.binary(max_size=9)),
+             min_size=BLOCK - 2, max_size=3 * BLOCK),
+    st.lists(st.tuples(st.integers(0, 3 * BLOCK), _others), max_size=3),
+    st.data(),
+)
+def test_long_runs_cut_in_blocks_decode_like_one_shot(bodies, inserts, data):
+    """Blocks of ``BLOCK`` same-length repeats are cut at once: a frame of another
+    length, queue or shape anywhere in one, or a cut through it, changes nothing."""
+    frames = [codec.publish(b"q", body) for body in bodies]
+    for at, frame in inserts:
+        frames.insert(at, frame)
+    wire = b"".join(frames)
+    expected = [codec.decode(f)[0] for f in frames]
+    assert expand(read_all(_fed(wire))) == expected
+    cuts = sorted(data.draw(st.sets(st.integers(1, len(wire) - 1), max_size=6)))
+    decoder = FrameDecoder()
+    got: list[Frame | Run] = []
+    for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        decoder.feed(wire[a:b])
+        got.extend(read_all(decoder))
+    assert expand(got) == expected
+
+
+@pytest.mark.parametrize("missing", [1, 2, 40])
+def test_a_block_not_all_here_waits_for_its_last_frame(missing):
+    bodies = [b"%07d" % n for n in range(BLOCK + 1)]  # the first one takes the long way
+    wire = b"".join(codec.publish(b"q", body) for body in bodies)
+    decoder = FrameDecoder()
+    decoder.feed(wire[:-missing])
+    assert expand(read_all(decoder)) == [codec.decode(codec.publish(b"q", b))[0] for b in bodies[:-1]]
+    decoder.feed(wire[-missing:])
+    assert decoder.read() == [Run(codec.PUBLISH, b"q", codec.CONTENT, bodies[-1:])]
+
+
+def _fed(wire: bytes) -> FrameDecoder:
+    decoder = FrameDecoder()
+    decoder.feed(wire)
+    return decoder
 
 
 @settings(max_examples=200, deadline=None)

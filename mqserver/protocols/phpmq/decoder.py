@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+import functools
+import struct
 from collections import deque
 
 from mqserver.protocols.phpmq.frames import (
@@ -22,6 +24,9 @@ from mqserver.protocols.phpmq.frames import (
     PHPMQError,
     Run,
 )
+
+BLOCK = 32
+"""Repeats of the same length cut by one ``struct`` call (see ``_repeats``)."""
 
 
 class FrameDecoder:
@@ -120,32 +125,12 @@ class FrameDecoder:
     def _parse(self, items: list[Frame | Run]) -> None:
         """Append the complete frames from ``_pos`` on to ``items``."""
         data, pos, end = self._data, self._pos, len(self._data)
-        headers = self._package_headers
         run: Run | None = None  # the last item, if it is the run being repeated
         while True:
             repeat = self._repeat
             if repeat is not None and data.startswith(repeat, pos):
                 values = [] if run is None else run.values
-                # ``same``: the repeat with the length of the last value, as values
-                # often all have the same length (ids always do)
-                same, length = self._same, self._same_length
-                value_at = len(same)
-                while True:
-                    if data.startswith(same, pos):
-                        start = pos + value_at
-                    elif data.startswith(repeat, pos):
-                        start = pos + value_at
-                        header = headers.get(data[start - PACKAGE_HEADER_SIZE : start])
-                        if header is None:
-                            break  # a length not seen yet: the long way checks it
-                        same, length = data[pos:start], header[1]
-                    else:
-                        break
-                    if start + length > end:
-                        break  # not all here: the long way waits for it
-                    pos = start + length
-                    values.append(data[start:pos])
-                self._same, self._same_length = same, length
+                pos = self._repeats(data, pos, end, values)
                 if run is None and values:
                     run = Run(*self._repeat_of, values)
                     items.append(run)
@@ -170,6 +155,45 @@ class FrameDecoder:
                 run = Run(*key, [])
                 items.append(run)
             run.values.append(frame.packages[key[2]])
+
+    def _repeats(self, data: bytes, pos: int, end: int, values: list[bytes]) -> int:
+        """Append the values of the repeats from ``pos`` on to ``values``; return
+        where they end (a frame that is no repeat, or one not all here).
+
+        ``_same`` is the repeat with the last value's length, as values often
+        all have the same length (ids always do).  ``BLOCK`` such frames in a
+        row are cut by one ``struct`` call and their starts checked by one
+        ``count``; the rest go one at a time.
+        """
+        repeat, same, length = self._repeat, self._same, self._same_length
+        value_at = len(same)
+        stride = value_at + length
+        block = BLOCK * stride
+        # the last frame of the block must look right too before it is cut
+        while pos + block <= end and data.startswith(same, pos + block - stride):
+            parts = _block_struct(value_at, length).unpack_from(data, pos)
+            if parts[0::2].count(same) != BLOCK:
+                break
+            values.extend(parts[1::2])
+            pos += block
+        headers = self._package_headers
+        while True:
+            if data.startswith(same, pos):
+                start = pos + value_at
+            elif data.startswith(repeat, pos):
+                start = pos + value_at
+                header = headers.get(data[start - PACKAGE_HEADER_SIZE : start])
+                if header is None:
+                    break  # a length not seen yet: the long way checks it
+                same, length = data[pos:start], header[1]
+            else:
+                break
+            if start + length > end:
+                break  # not all here: the long way waits for it
+            pos = start + length
+            values.append(data[start:pos])
+        self._same, self._same_length = same, length
+        return pos
 
     def _frame(self, data: bytes, pos: int, end: int) -> tuple[Frame, int, int] | None:
         """The frame at ``pos``: (frame, where it ends, where its second package
@@ -223,6 +247,12 @@ class FrameDecoder:
             self._package_headers.clear()
         self._package_headers[header] = pkg_type, length
         return pkg_type, length
+
+
+@functools.lru_cache(maxsize=64)
+def _block_struct(value_at: int, length: int) -> struct.Struct:
+    """Cuts ``BLOCK`` repeats into (start up to the value, value) pairs."""
+    return struct.Struct(f"{value_at}s{length}s" * BLOCK)
 
 
 def _misplaced(pkg_type: int, msg_type: int, expected: frozenset[int]) -> PHPMQError:
