@@ -68,7 +68,11 @@ class Feeder:
         finally:
             os.close(self.fd)
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self.fd, view):]
+    def _write_all(self, parts: list[bytes]) -> None:
+        views = [memoryview(part) for part in parts]
+        while views:
+            written = os.writev(self.fd, views)
+            while views and written >= len(views[0]):
+                written -= len(views.pop(0))
+            if written:
+                views[0] = views[0][written:]

@@ -246,7 +246,7 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
     event = ("published", T0, b"q", b"m1", T0, 0, None, None, "mqks", 3, None, None,
              {"h": "1"}, b"abc")
     slim = (SLIM_PUBLISHED, T0, b"q", b"m2", "mqks", 3, None, {"h": "1"}, b"abc")
-    data = frame(list(event)) + frame(list(slim))
+    data = b"".join(frame(list(event)) + frame(list(slim)))
     subprocess.run(
         [sys.executable, "-m", "mqserver.journal.sink", str(tmp_path / "j"), "--node", "p",
          "--bodies"], input=data, check=True, timeout=60)
@@ -317,7 +317,8 @@ def test_batches_cross_as_marshal_version_2_and_come_back_equal():
     from mqserver.journal.sink import HEADER, MARSHAL_VERSION, frame
 
     values = [SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, {"h": "1"}, b"abc", "acked"]
-    data = frame(values)
+    header, payload = frame(values)
+    data = header + payload
     (size,) = HEADER.unpack(data[:HEADER.size])
     assert MARSHAL_VERSION == 2 and marshal.loads(data[HEADER.size:]) == values
     assert size == len(data) - HEADER.size
