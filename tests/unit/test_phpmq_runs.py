@@ -30,6 +30,15 @@ def read_all(decoder: FrameDecoder) -> list[Frame | Run]:
     return items
 
 
+def in_pieces(decoder: FrameDecoder, wire: bytes, cuts: list[int]) -> list[Frame | Run]:
+    """What ``decoder`` reads from ``wire`` fed in pieces cut at ``cuts`` (sorted)."""
+    items: list[Frame | Run] = []
+    for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True):
+        decoder.feed(wire[a:b])
+        items.extend(read_all(decoder))
+    return items
+
+
 def expand(items: list[Frame | Run]) -> list[Frame]:
     return [f for item in items for f in (item.frames() if isinstance(item, Run) else [item])]
 
@@ -129,11 +138,7 @@ def test_any_chunking_decodes_like_one_shot(frames, data):
     assert one_shot == [codec.decode(f)[0] for f in frames]
     cuts = sorted(data.draw(st.sets(st.integers(1, max(1, len(wire) - 1)), max_size=25)))
     decoder = FrameDecoder()
-    got: list[Frame | Run] = []
-    for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True):
-        decoder.feed(wire[a:b])
-        got.extend(read_all(decoder))
-    assert expand(got) == one_shot
+    assert expand(in_pieces(decoder, wire, cuts)) == one_shot
     assert decoder.buffered() == 0 and not decoder.in_frame()
 
 
@@ -152,14 +157,9 @@ def test_long_runs_cut_in_blocks_decode_like_one_shot(bodies, inserts, data):
         frames.insert(at, frame)
     wire = b"".join(frames)
     expected = [codec.decode(f)[0] for f in frames]
-    assert expand(read_all(_fed(wire))) == expected
+    assert expand(in_pieces(FrameDecoder(), wire, [])) == expected
     cuts = sorted(data.draw(st.sets(st.integers(1, len(wire) - 1), max_size=6)))
-    decoder = FrameDecoder()
-    got: list[Frame | Run] = []
-    for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True):
-        decoder.feed(wire[a:b])
-        got.extend(read_all(decoder))
-    assert expand(got) == expected
+    assert expand(in_pieces(FrameDecoder(), wire, cuts)) == expected
 
 
 @pytest.mark.parametrize("missing", [1, 2, 40])
@@ -171,12 +171,6 @@ def test_a_block_not_all_here_waits_for_its_last_frame(missing):
     assert expand(read_all(decoder)) == [codec.decode(codec.publish(b"q", b))[0] for b in bodies[:-1]]
     decoder.feed(wire[-missing:])
     assert decoder.read() == [Run(codec.PUBLISH, b"q", codec.CONTENT, bodies[-1:])]
-
-
-def _fed(wire: bytes) -> FrameDecoder:
-    decoder = FrameDecoder()
-    decoder.feed(wire)
-    return decoder
 
 
 @settings(max_examples=200, deadline=None)
