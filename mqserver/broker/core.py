@@ -295,7 +295,7 @@ class Broker(Topology, Settling, Overflow):
             queue.unused_timer.cancel()
             queue.unused_timer = None
         consumer = Consumer(consumer_id, queue, connection, window, manual_ack, priority, slots)
-        # a multiple of 8: the journal's slim records carry it or'ed with their tag
+        # a multiple of 8: the journal's slim records carry it plus their tag
         self._consumer_keys += SLIM_KIND + 1
         consumer.key = self._consumer_keys
         if slots is not None:

@@ -56,7 +56,7 @@ class Settling:
         if journal is not None:
             # slim: the journal knows the rest from the delivery
             append = journal.append  # see Journal.append: read once, then called
-            append((consumer.key | SLIM_ACKED, self.clock.seconds(), message_id))
+            append((consumer.key + SLIM_ACKED, self.clock.seconds(), message_id))
         if self.writer is not None:  # the hot path skips _op's call without a durable store
             self.writer.add((REMOVE, queue.name, message.seq))
         self._kick(queue)

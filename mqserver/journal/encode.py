@@ -41,7 +41,7 @@ consumer and requeue records.
 Slim, for the three records W1 writes per message (the broker's hot path
 builds less; the rest is implied, or joined here from ``consumer_opened``
 and the delivery).  The first value is a small int: the tag of
-``mqserver.journal.schema``, or'ed with the consumer's ``key`` (a multiple
+``mqserver.journal.schema``, plus the consumer's ``key`` (a multiple
 of 8, see ``SLIM_KIND``) in the records a consumer causes:
 
 * published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
@@ -49,11 +49,11 @@ of 8, see ``SLIM_KIND``) in the records a consumer causes:
   (see ``Journal.sources``)
 * published, plain (6): ``(SLIM_PUBLISHED_PLAIN, ts, queue, message_id,
   protocol, size)``: no expiry, no headers, body not journaled
-* delivered (7): ``(key | SLIM_DELIVERED, ts, message_id, publish_ts,
+* delivered (7): ``(key + SLIM_DELIVERED, ts, message_id, publish_ts,
   delivery_count, size, expires_at)``
-* delivered, first (5): ``(key | SLIM_DELIVERED_FIRST, ts, message_id,
+* delivered, first (5): ``(key + SLIM_DELIVERED_FIRST, ts, message_id,
   publish_ts, size)``: delivery count 1, no expiry
-* acked (3): ``(key | SLIM_ACKED, ts, message_id)``, or ``SLIM_AUTO_ACKED``
+* acked (3): ``(key + SLIM_ACKED, ts, message_id)``, or ``SLIM_AUTO_ACKED``
   for a delivery without manual ack (reason ``auto_ack``)
 
 The broker hands them over flattened, one list of values for a whole batch

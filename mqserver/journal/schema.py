@@ -34,7 +34,8 @@ SLIM_PUBLISHED_PLAIN = 4
 SLIM_DELIVERED_FIRST = 5
 SLIM_KIND = 7
 """Mask of the tag in a slim record's first value.  Consumer keys are
-multiples of 8, and the records a consumer causes carry ``key | tag`` there:
+multiples of 8, and the records a consumer causes carry ``key + tag`` there
+(an addition, which Python 3.11 specializes for ints, where ``|`` is not):
 one value less to hand over per record."""
 
 MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)

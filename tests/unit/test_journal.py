@@ -96,7 +96,7 @@ def test_message_lifecycle_is_journaled_with_values_of_the_moment(tmp_path):
 
 
 def test_records_name_the_right_consumer_among_many(tmp_path):
-    # consumer keys are multiples of 8 or'ed into the slim records' tags:
+    # consumer keys are multiples of 8 added to the slim records' tags:
     # past the 32nd consumer they are no longer Python's cached small ints
     broker, journal, clock = make(tmp_path)
     conn = broker.connection_opened("mqks", "p", RecordingSink())
@@ -276,11 +276,11 @@ def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_
               None, key)
     slim = [
         (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, T0 + 5, None, False),
-        (key | SLIM_DELIVERED, T0 + 1, b"m1", T0, 2, 3, T0 + 5),
-        (key | SLIM_ACKED, T0 + 2, b"m1"),
+        (key + SLIM_DELIVERED, T0 + 1, b"m1", T0, 2, 3, T0 + 5),
+        (key + SLIM_ACKED, T0 + 2, b"m1"),
         (SLIM_PUBLISHED_PLAIN, T0 + 3, b"q", b"m2", b"mqks", 4),
-        (key | SLIM_DELIVERED_FIRST, T0 + 3, b"m2", T0 + 3, 4),
-        (key | SLIM_AUTO_ACKED, T0 + 3, b"m2"),
+        (key + SLIM_DELIVERED_FIRST, T0 + 3, b"m2", T0 + 3, 4),
+        (key + SLIM_AUTO_ACKED, T0 + 3, b"m2"),
     ]
     full = list(Encoder("n").expand([opened, *slim]))[1:]
     assert full == [
