@@ -83,6 +83,8 @@ class Broker(Topology, Settling, Overflow):
         self._consumer_keys = 0
         self._dirty: dict[bytes, Queue] = {}
         self._pump_call: Any = None
+        # a protocol is handling a received chunk and pumps at its end (hold_pump)
+        self._pump_held = False
         self._expiry: list[tuple[float, bytes]] = []
         # durable records that are not messages (eMQP schedules, ...)
         self.records: dict[bytes, dict[bytes, bytes]] = {}
@@ -372,8 +374,17 @@ class Broker(Topology, Settling, Overflow):
     def _kick(self, queue: Queue) -> None:
         if queue.ready and queue.consumers:
             self._dirty[queue.name] = queue
-            if self._pump_call is None:
+            if self._pump_call is None and not self._pump_held:
                 self._pump_call = self.clock.callLater(0, self._pump)
+
+    def hold_pump(self) -> None:
+        """A protocol starts on a received chunk and calls ``pump_now`` at its end.
+
+        Until then what the chunk makes ready waits for that call instead of
+        a timer: at a low rate, where every message is a chunk of its own,
+        that is a ``callLater`` made and cancelled per message saved.
+        """
+        self._pump_held = True
 
     def pump_now(self) -> None:
         """Dispatch what was made ready since the last pump now, not at the next reactor turn.
@@ -385,9 +396,12 @@ class Broker(Topology, Settling, Overflow):
         and the pump stays bounded (``dispatch_batch`` per queue; the rest
         goes to the next turn), so a backlog never blocks the reactor.
         """
+        self._pump_held = False
         call = self._pump_call
         if call is not None:
             call.cancel()
+            self._pump()
+        elif self._dirty:
             self._pump()
 
     def _pump(self) -> None:

@@ -489,3 +489,21 @@ def test_publish_reads_its_words_as_the_original_did(words, tail):
     confirm, event, body = expected
     assert published == [(event, b"m1", body)]
     assert got == ([b"m1 ok "] if confirm else [])
+
+
+def test_a_chunk_dispatches_at_its_end_without_a_timer(h):
+    consumer, producer = h.connect(), h.connect()
+    consumer.send("c1 consume q ev")
+    assert h.clock.getDelayedCalls() == []
+    producer.protocol.dataReceived(b"m1 publish ev one\nm2 publish ev two\n")
+    # delivered by the chunk's pump_now: no callLater was made for it
+    assert h.clock.getDelayedCalls() == []
+    assert consumer.transport.value() == b"c1 ok m1 event=ev one\nc1 ok m2 event=ev two\n"
+
+
+def test_a_publish_outside_any_chunk_still_dispatches_at_the_next_turn(h):
+    consumer = h.connect()
+    consumer.send("c1 consume q ev")
+    h.broker.publish_event(b"ev", b"m1", b"one")
+    assert consumer.transport.value() == b""
+    assert consumer.lines() == [b"c1 ok m1 event=ev one"]

@@ -176,6 +176,7 @@ class MQKSProtocol(Backpressure, Output, Protocol):
         if rest:
             self._pending.append(rest)
         self._receiving = True
+        self.broker.hold_pump()
         factory = self.factory
         outer, factory.chunk_outputs = factory.chunk_outputs, []
         try:
