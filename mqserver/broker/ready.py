@@ -27,7 +27,6 @@ from array import array
 from collections import deque
 from collections.abc import Iterable, Iterator
 from itertools import accumulate, pairwise, repeat
-from operator import attrgetter
 from typing import Any
 
 from mqserver.model import Message
@@ -40,13 +39,8 @@ CHUNK = 1024
 # backlogs never pay for packing (about 1-1.5 us per message, pack plus unpack)
 PACK_READY_AFTER = 250_000
 
-_ID, _QUEUE, _BODY, _SEQ, _EVENT, _HEADERS = (
-    attrgetter(name) for name in ("id", "queue", "body", "seq", "event", "headers")
-)
-_CREATED, _EXPIRES, _RETRY, _SOURCE = (
-    attrgetter(name) for name in ("created_at", "expires_at", "retry", "source")
-)
 _NONE = math.nan  # expires_at None in the float array
+_BYTES_ONLY = {bytes}
 # sys.getrefcount of a message only a deque holds: the deque's reference and the argument's
 _ONLY_THE_TAIL = 2
 
@@ -71,9 +65,8 @@ def _column(column: Any, count: int) -> Iterable[Any]:
 
 def _joined(values: list[bytes]) -> tuple[bytes, array[int]] | list[bytes]:
     """Byte strings as one ``bytes`` plus end offsets, or the list if any is not ``bytes``."""
-    for value in values:
-        if type(value) is not bytes:
-            return values
+    if set(map(type, values)) != _BYTES_ONLY:
+        return values
     data = b"".join(values)
     ends = array("I" if len(data) < 1 << 32 else "Q", accumulate(map(len, values)))
     return data, ends
@@ -107,22 +100,27 @@ class Chunk:
 
     def __init__(self, messages: list[Message]) -> None:
         count = self.count = len(messages)
-        self.ids = _joined(list(map(_ID, messages)))
-        self.bodies = _joined(list(map(_BODY, messages)))
-        self.queues = _shared(list(map(_QUEUE, messages)))
-        self.events = _shared(list(map(_EVENT, messages)))
-        self.headers = _shared(list(map(_HEADERS, messages)))
-        self.sources = _shared(list(map(_SOURCE, messages)))
-        seqs = list(map(_SEQ, messages))
+        # one comprehension per field: the attribute reads are specialized,
+        # about twice as fast as map(attrgetter(...))
+        self.ids = _joined([m.id for m in messages])
+        self.bodies = _joined([m.body for m in messages])
+        self.queues = _shared([m.queue for m in messages])
+        self.events = _shared([m.event for m in messages])
+        self.headers = _shared([m.headers for m in messages])
+        self.sources = _shared([m.source for m in messages])
+        seqs = [m.seq for m in messages]
         first = seqs[0]
         consecutive = seqs[-1] - first == count - 1 and seqs == list(range(first, first + count))
         self.seqs = range(first, first + count) if consecutive else array("q", seqs)
-        self.created = array("d", map(_CREATED, messages))
-        expires = [_NONE if value is None else value for value in map(_EXPIRES, messages)]
-        timed = [value for value in expires if value == value]
-        self.expires = array("d", expires) if timed else None
-        self.first_expiry = min(timed) if timed else math.inf
-        retries = list(map(_RETRY, messages))
+        self.created = array("d", [m.created_at for m in messages])
+        expires = [m.expires_at for m in messages]
+        if expires.count(None) == count:
+            self.expires = None
+            self.first_expiry = math.inf
+        else:
+            self.expires = array("d", [_NONE if value is None else value for value in expires])
+            self.first_expiry = min(value for value in expires if value is not None)
+        retries = [m.retry for m in messages]
         self.retries = retries[0] if retries.count(retries[0]) == count else array("q", retries)
 
     def unpack(self) -> list[Message]:
