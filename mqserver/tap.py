@@ -96,7 +96,7 @@ class Options(usage.Options):
          int],
         ["pack-ready-after", None, PACK_READY_AFTER,
          "Ready messages a queue keeps as Python objects; past this, later ones are "
-         "kept packed (about 125 instead of 350 bytes per 100-byte message, about 1.3 us "
+         "kept packed (about 125 instead of 350 bytes per 100-byte message, about 1 us "
          "more CPU each); 0: never pack.", int],
         ["overflow", None, "drop-head",
          "What a full queue does with a new publish unless it sets its own: drop-head "
