@@ -111,8 +111,16 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
                                options.size, options.paced_rate)
     count = max(1, int(options.messages * system.scale))
     run_round = workloads.w1 if workload == "w1" else workloads.w2
+    journaled = system.server.endswith("+journal")
+    if number == 0:
+        # untimed, a tenth of a round: a system's first round would otherwise
+        # also pay for a fresh server's start-up (allocator arenas growing,
+        # the journal process still importing), which no later round does
+        run_round(system.client, server, f"{queue}-warm-up", max(1, count // 10), options.size)
+        if journaled:
+            settle_journal(server)
     figures = run_round(system.client, server, queue, count, options.size)
-    if system.server.endswith("+journal"):
+    if journaled:
         settle_journal(server)
     return figures
 
