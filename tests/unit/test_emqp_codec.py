@@ -119,11 +119,26 @@ def test_parse_accepts_or_rejects_any_frames_cleanly(frames):
 def test_new_msgid_is_a_uuid4_string_like_eventmq_sends():
     import uuid
 
+    seen = set()
     for _ in range(200):
         msgid = codec.new_msgid().decode("ascii")
         value = uuid.UUID(msgid)
         assert str(value) == msgid
         assert value.version == 4 and value.variant == uuid.RFC_4122
+        seen.add(msgid)
+    assert len(seen) == 200
+
+
+def test_msgids_stay_unique_and_well_formed_where_the_counter_wraps():
+    import uuid
+
+    ids = codec.MsgIds()
+    ids._counter = iter(range((1 << 48) - 2, (1 << 48) + 2))
+    got = [ids().decode("ascii") for _ in range(4)]
+    assert [g[-12:] for g in got] == ["fffffffffffe", "ffffffffffff", "000000000000",
+                                      "000000000001"]
+    assert all(uuid.UUID(g).version == 4 for g in got) and len(set(got)) == 4
+    assert codec.MsgIds()().decode("ascii")[:24] != got[0][:24]  # another run, another prefix
 
 
 def test_encode_is_the_zmtp_encoding_of_message():

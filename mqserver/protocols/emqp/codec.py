@@ -9,6 +9,7 @@ message is ``'' | eMQP/1.0 | COMMAND | MSGID | body...``.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -75,12 +76,30 @@ def parse(frames: list[bytes], limits: Limits | None = None) -> Envelope:
     return Envelope(frames[2].upper(), frames[3], frames[4:])
 
 
-def new_msgid() -> bytes:
-    """What eventmq uses: ``str(uuid4())``, formatted here from 16 random bytes
-    (a third of ``uuid.uuid4``'s cost; every answer to a request needs one)."""
-    h = os.urandom(16).hex()
-    variant = "89ab"[int(h[16], 16) & 3]
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:]}".encode("ascii")
+class MsgIds:
+    """Msgids shaped like eventmq's ``str(uuid4())``, cheaply: every answer to a
+    request needs one.
+
+    A random version-4 uuid is drawn once; each id is its first 20 hex digits
+    and a 48-bit counter that starts at the uuid's own last 12 digits, so ids
+    are unique for 2**48 answers (and random across restarts) at a fifth of
+    the cost of 16 fresh random bytes each (a system call and formatting).
+    """
+
+    _MASK = (1 << 48) - 1
+
+    def __init__(self) -> None:
+        h = os.urandom(16).hex()
+        variant = "89ab"[int(h[16], 16) & 3]
+        self._prefix = f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-".encode("ascii")
+        self._counter = itertools.count(int(h[20:], 16))
+
+    def __call__(self) -> bytes:
+        return b"%b%012x" % (self._prefix, next(self._counter) & self._MASK)
+
+
+new_msgid = MsgIds()
+"""A fresh msgid (``MsgIds``), for answers and the requests schedules make."""
 
 
 def message(command: bytes, *body: bytes, msgid: bytes | None = None) -> list[bytes]:
