@@ -187,6 +187,12 @@ def pong_command(context: bytes = b"") -> bytes:
     return encode_command(b"PONG", context[:MAX_PING_CONTEXT])
 
 
+LEAD_FRAMES = 3
+"""Frames a message may share with the one before, taken in one comparison."""
+MAX_LEAD = 256
+"""Wire bytes of those frames beyond which they are not remembered."""
+
+
 class MessageDecoder:
     """Turns a byte stream (after the greeting) into whole multipart messages.
 
@@ -207,6 +213,11 @@ class MessageDecoder:
     Bytes of an incomplete frame wait in a list until enough are in to
     finish it (``_need``), so a long frame arriving in many chunks costs
     O(n), not O(n^2).
+
+    A message whose first ``LEAD_FRAMES`` frames are, byte for byte, those of
+    the message before it (eMQP sends ``'' | eMQP/1.0 | REQUEST`` again and
+    again) takes them in one ``startswith`` and shares their bodies: about a
+    microsecond less per eMQP message than parsing them.
     """
 
     def __init__(self, max_message: int, max_frames: int) -> None:
@@ -218,6 +229,11 @@ class MessageDecoder:
         self._need = 0  # bytes the first incomplete frame needs in all
         self._parts: list[bytes] = []  # frames of the message in progress
         self._size = 0  # its wire size so far
+        # the wire bytes of the last message's first LEAD_FRAMES frames, and
+        # those frames: a message that starts with the same bytes (eMQP's
+        # '' | eMQP/1.0 | REQUEST, over and over) takes them in one comparison
+        self._lead = b""
+        self._lead_parts: list[bytes] = []
 
     def buffered(self) -> int:
         """Bytes of an incomplete frame held."""
@@ -268,9 +284,17 @@ class MessageDecoder:
             return out
         parts, size = self._parts, self._size
         max_message, max_frames = self.max_message, self.max_frames
+        lead, lead_parts = self._lead, self._lead_parts
         offset, end = 0, len(data)
+        # where this chunk holds the message in progress from its first frame
+        # to its LEAD_FRAMES-th, to remember as the next lead (-1: it does not)
+        first = lead_end = -1
         try:
             while end - offset >= 2:
+                if not parts and lead and data.startswith(lead, offset):
+                    offset += len(lead)
+                    parts, size = lead_parts.copy(), len(lead)
+                    continue
                 flags = data[offset]
                 if flags <= MORE:
                     # the common case: a short message frame (0-255 bytes)
@@ -289,7 +313,11 @@ class MessageDecoder:
                 offset = stop
                 if flags & COMMAND:
                     out.append(body)
+                    if parts:  # inside a message: its first frames are not contiguous
+                        first = -1
                     continue
+                if not parts:
+                    first = stop - frame_size
                 size += frame_size
                 if size > max_message:
                     raise TooLargeError(f"message over the {max_message} byte limit")
@@ -297,15 +325,22 @@ class MessageDecoder:
                 if flags & MORE:
                     if len(parts) >= max_frames:
                         raise TooLargeError(f"message of more than {max_frames} frames")
+                    if len(parts) == LEAD_FRAMES and first >= 0:
+                        lead_end = offset
                     continue
                 out.append(parts)
+                if (lead_end > first >= 0 and lead_end - first <= MAX_LEAD
+                        and data[first:lead_end] != lead):
+                    lead, lead_parts = data[first:lead_end], parts[:LEAD_FRAMES]
                 parts, size = [], 0
+                first = lead_end = -1
             # the incomplete frame left, if any: its flags and size are checked now
             found = _header(data, offset, max_message)
         except ZMTPError as e:
             self.error = e
             return out
         self._parts, self._size = parts, size
+        self._lead, self._lead_parts = lead, lead_parts
         self._keep(data, offset, found[2] - offset if found else _header_size(data[offset:]))
         return out
 

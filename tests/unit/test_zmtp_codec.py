@@ -281,3 +281,65 @@ def test_encode_message_matches_frame_by_frame_encoding():
     expected = b"".join(codec.encode_frame(f, more=i < 3) for i, f in enumerate(frames))
     assert codec.encode_message(frames) == expected
     assert codec.encode_message([]) == b""
+
+
+_LEADS = [[b"", b"eMQP/1.0", b"REQUEST"], [b"", b"eMQP/1.0", b"READY"], [b"", b"x" * 300, b"y"]]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    stream=st.lists(
+        st.one_of(
+            # a message that starts like others (eMQP's first frames), or not
+            st.tuples(st.sampled_from(range(len(_LEADS))),
+                      st.lists(st.binary(max_size=40), max_size=4)),
+            st.lists(st.binary(max_size=40), min_size=1, max_size=5),
+            st.binary(max_size=20).map(lambda data: codec.ping_command(0, data)),
+        ),
+        max_size=12,
+    ),
+    cuts=st.lists(st.integers(min_value=0, max_value=3000), max_size=10),
+    max_frames=st.integers(min_value=2, max_value=8),
+)
+def test_messages_sharing_first_frames_decode_alike_whatever_the_chunking(stream, cuts,
+                                                                          max_frames):
+    # the decoder takes first frames equal to the previous message's in one
+    # comparison: it must give what decoding frame by frame gives
+    wire, expected = [], []
+    for item in stream:
+        if isinstance(item, bytes):
+            wire.append(item)
+            expected.append(frames_of(item)[0][1])
+            continue
+        frames = _LEADS[item[0]] + item[1] if isinstance(item, tuple) else item
+        wire.append(codec.encode_message(frames))
+        expected.append(frames)
+    data = b"".join(wire)
+    points = sorted({min(c, len(data)) for c in cuts})
+    bounds = [0, *points, len(data)]
+    decoder = MessageDecoder(10_000, max_frames)
+    got: list[list[bytes] | bytes] = []
+    for a, b in itertools.pairwise(bounds):
+        got += decoder.feed(data[a:b])
+        if decoder.error is not None:
+            break
+    too_long = [n for n, frames in enumerate(expected)
+                if isinstance(frames, list) and len(frames) > max_frames]
+    if too_long:
+        # everything before the first message over the limit, then the error
+        assert got == expected[:len(got)] and len(got) <= too_long[0]
+        assert isinstance(decoder.error, TooLargeError)
+    else:
+        assert got == expected and decoder.error is None and decoder.buffered() == 0
+
+
+def test_a_command_inside_a_message_is_never_taken_as_part_of_a_lead():
+    ping = codec.ping_command()
+    message = codec.encode_message([b"", b"v", b"cmd", b"1"])
+    inside = 2 + 0 + 2 + 1  # after the first two frames
+    with_ping = message[:inside] + ping + message[inside:]
+    decoder = MessageDecoder(1000, 64)
+    ping_body = frames_of(ping)[0][1]
+    frames = [b"", b"v", b"cmd", b"1"]
+    assert decoder.feed(with_ping + with_ping) == [ping_body, frames, ping_body, frames]
+    assert decoder.feed(message + with_ping + message) == [frames, ping_body, frames, frames]
