@@ -14,6 +14,7 @@ from twisted.internet.testing import StringTransport
 from mqserver.broker.core import Broker
 from mqserver.model import QueueOptions
 from mqserver.protocols.emqp import codec
+from mqserver.protocols.emqp.fields import H_CLIENT, H_TRACK
 from mqserver.protocols.emqp.scheduler import NAMESPACE
 from mqserver.protocols.emqp.service import EMQPService
 from mqserver.storage.memory import MemoryStore
@@ -145,6 +146,23 @@ def test_request_waits_for_a_ready_worker_and_keeps_its_msgid(h):
     assert forwarded == [b"", V, b"REQUEST", b"r1", b"default", b"", RUN]
     worker.send(codec.READY)
     assert worker.recv() == []
+
+
+def test_requests_alike_share_their_fields_and_bad_headers_are_refused_each_time(h):
+    client, other = h.client(), h.client(b"other")
+    for msgid in (b"r1", b"r2"):
+        request(client, msgid, queue=b"q", headers=b"guarantee")
+    request(other, b"r3", queue=b"q", headers=b"guarantee")
+    request(client, b"r4", queue=b"q")
+    ready = list(h.broker.queues[b"default"].ready)
+    assert [m.id for m in ready] == [b"r1", b"r2", b"r3", b"r4"]
+    assert ready[0].headers is ready[1].headers
+    assert ready[2].headers is not ready[0].headers  # another client to answer
+    assert ready[2].headers[H_CLIENT] == b"other".hex()
+    assert ready[3].headers is not ready[0].headers and H_TRACK not in ready[3].headers
+    for msgid in (b"bad1", b"bad2"):
+        request(client, msgid, headers=b"retry-count:many")
+    assert [m.id for m in h.broker.queues[b"default"].ready] == [b"r1", b"r2", b"r3", b"r4"]
 
 
 def test_client_gets_an_accept_reply_once_stored(h):

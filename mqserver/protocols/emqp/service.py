@@ -31,22 +31,22 @@ from mqserver.broker.queue import Consumer
 from mqserver.limits import Limits
 from mqserver.model import Message
 from mqserver.protocols.emqp import codec
-from mqserver.protocols.emqp.codec import REPLY, REQUEST
+from mqserver.protocols.emqp.codec import REPLY
 from mqserver.protocols.emqp.drain import Drain, close_all, say_goodbye
+from mqserver.protocols.emqp.fields import (
+    H_CLIENT,
+    H_REPLY,
+    H_TIMEOUT,
+    H_TRACK,
+    request_fields,
+    request_frames,
+)
 from mqserver.protocols.emqp.peers import Peer, Worker
 from mqserver.protocols.emqp.scheduler import ScheduleRunner
 from mqserver.zmtp.codec import describe
 from mqserver.zmtp.router import DEFAULT_MAX_FRAMES, UnroutableError, ZMTPRouterFactory
 
 log = Logger()
-
-# message headers (str -> str) an eMQP request carries through the core
-H_QUEUE = "emqp-queue"
-H_HEADERS = "emqp-headers"
-H_CLIENT = "emqp-client"
-H_TRACK = "emqp-track"
-H_REPLY = "emqp-reply"
-H_TIMEOUT = "emqp-timeout"
 
 _TIMEOUT_RESULT = json.dumps({"value": codec.TIMEOUT_ERROR}).encode("ascii")
 _KEEP_FOR_RUNS = ("guarantee",)
@@ -98,6 +98,8 @@ class EMQPService:
         self._drain: Drain | None = None
         self._acks: list[tuple[Consumer, bytes]] = []
         self._ack_call: Any = None
+        # (queue, header frame, client) -> the fields of its requests
+        self._fields: dict[tuple[bytes, bytes, bytes | None], dict[str, str]] = {}
         self._started = 0
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
@@ -139,28 +141,20 @@ class EMQPService:
         self, queue: bytes, header_frame: bytes, payload: bytes, msgid: bytes,
         client: bytes | None,
     ) -> Message:
-        """Store a REQUEST in the core; raises ``EMQPError`` for malformed headers."""
-        headers = codec.parse_headers(header_frame)
-        retries = headers.number("retry-count")
-        timeout = headers.number("timeout")
-        tracked = bool(headers.reply_requested or headers.guarantee or retries or timeout)
-        forward = header_frame
-        fields = {H_QUEUE: codec.text(queue)}
-        if client is not None:
-            fields[H_CLIENT] = client.hex()
-        if tracked:
-            fields[H_TRACK] = "1"
-            if not headers.reply_requested:
-                forward = forward + b",reply-requested" if forward else b"reply-requested"
-            if retries is not None:
-                fields[MAX_RETRIES] = str(retries)
-            elif not headers.guarantee:
-                fields[MAX_RETRIES] = "0"
-            if timeout:
-                fields[H_TIMEOUT] = str(timeout)
-        if headers.reply_requested and client is not None:
-            fields[H_REPLY] = "1"
-        fields[H_HEADERS] = codec.text(forward)
+        """Store a REQUEST in the core; raises ``EMQPError`` for malformed headers.
+
+        A client sends the same queue and headers over and over: the fields
+        the message carries are worked out once per combination and shared
+        (nothing changes a message's headers in place), which also keeps a
+        backlog of requests from holding a dict each.
+        """
+        key = (queue, header_frame, client)
+        fields = self._fields.get(key)
+        if fields is None:
+            fields = request_fields(queue, header_frame, client)
+            if len(self._fields) >= 1024:
+                self._fields.clear()
+            self._fields[key] = fields
         target = queue if self.known_queue(queue) else codec.DEFAULT_QUEUE
         if target != queue:
             log.info(
@@ -177,14 +171,6 @@ class EMQPService:
             {k: v for k, v in headers.values.items() if k in _KEEP_NUMBERS},
         )
         self.publish_request(queue, codec.format_headers(keep), payload, codec.new_msgid(), None)
-
-    @staticmethod
-    def encode_request(message: Message) -> bytes:
-        """The REQUEST a worker gets; messages from other protocols get empty headers."""
-        fields = message.headers or {}
-        queue = codec.raw(fields[H_QUEUE]) if H_QUEUE in fields else message.queue
-        headers = codec.raw(fields.get(H_HEADERS, ""))
-        return codec.encode(REQUEST, message.id, queue, headers, message.body)
 
     # -- workers ------------------------------------------------------------
 
@@ -218,7 +204,7 @@ class EMQPService:
     def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> None:
         """Called by the core's dispatch: forward now, never call back into the broker."""
         try:
-            self.backend.send_encoded(worker.identity, self.encode_request(message))
+            self.backend.send_encoded(worker.identity, request_frames(message))
         except UnroutableError:
             worker.undelivered.append(message)
             if not worker.gone:
