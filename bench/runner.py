@@ -119,6 +119,9 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
         run_round(system.client, server, f"{queue}-warm-up", max(1, count // 10), options.size)
         if journaled:
             settle_journal(server)
+    # what earlier rounds left for the kernel to write back (W3's logs and
+    # databases, journals) is written now, not during this round
+    os.sync()
     figures = run_round(system.client, server, queue, count, options.size)
     if journaled:
         settle_journal(server)
