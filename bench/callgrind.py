@@ -3,11 +3,11 @@
 ``python -m bench.callgrind [--messages N] [--journal] [--storage memory]``
 
 Throughput on a shared 2-core machine moves by tens of per cent between
-runs; instruction counts move by about 0.1 %.  This runs ``twistd
-mqserver`` (MQKS only) under ``valgrind --tool=callgrind``, warms it up
-with a quarter-size W1 round, zeroes the counters, runs one W1 round with
-the suite's lean MQKS client and reads the counters back: every thread of
-the server process, nothing of the client.  Compare two trees with
+runs; instruction counts move by about 0.1 %.  This starts the suite's
+server (``bench.servers.start_mqserver``) under ``valgrind
+--tool=callgrind``, warms it up with a quarter-size W1 round, zeroes the
+counters, runs one W1 round with the suite's lean MQKS client and reads the
+counters back: every thread of the server process, nothing of the client.  Compare two trees with
 ``PYTHONPATH=<tree>`` (the server inherits it).  It says nothing about
 cache misses, system calls or other processes (the journal's), so confirm
 a change that matters with the suite.  Needs Debian's ``valgrind``.
@@ -16,7 +16,6 @@ a change that matters with the suite.  Needs Debian's ``valgrind``.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import subprocess
 import sys
@@ -26,10 +25,7 @@ from pathlib import Path
 
 from bench import workloads
 from bench.clients.mqks import MQKSClient
-from bench.proc import Server
-from bench.servers import LISTENING
-
-ANY_PORT = "tcp:0:interface=127.0.0.1"
+from bench.servers import STORAGES, start_mqserver
 
 
 def control(*args: str) -> None:
@@ -44,19 +40,12 @@ def summary(path: Path) -> int:
     raise RuntimeError(f"no summary line in {path}")
 
 
-def count(messages: int, journal: bool, storage: str, workdir: Path) -> float:
-    """Instructions per message of one W1 round of ``messages`` 100-byte messages."""
-    twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
-    argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/callgrind.%p",
-            sys.executable, twistd, "-n", "--pidfile=", "mqserver",
-            f"--protocol=mqks:{ANY_PORT}", f"--http={ANY_PORT}",
-            f"--data-dir={workdir}/data", f"--storage={storage}"]
-    if journal:
-        argv.append(f"--journal={workdir}/journal")
-    server = Server("callgrind", argv, workdir)
+def count(messages: int, storage: str, workdir: Path) -> float:
+    """Instructions per message of one W1 round of ``messages`` 100-byte messages,
+    on a server set up as ``bench.servers.STORAGES[storage]``."""
+    wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/callgrind.%p")
+    server = start_mqserver(storage, workdir, wrapper, timeout=300)
     try:
-        matches = server.wait_for_log(LISTENING, count=2, timeout=300)
-        server.ports = {m.group(1): int(m.group(2)) for m in matches}
         workloads.w1(MQKSClient, server, "warm-up", max(1, messages // 4), 100)
         time.sleep(1.0)  # timers and the journal's flush settle
         control("-z", str(server.pid))
@@ -72,13 +61,18 @@ def count(messages: int, journal: bool, storage: str, workdir: Path) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=20_000)
-    parser.add_argument("--journal", action="store_true", help="run the server with --journal")
-    parser.add_argument("--storage", default="memory")
+    parser.add_argument("--journal", action="store_true",
+                        help="the memory storage with --journal")
+    parser.add_argument("--storage", default="memory",
+                        choices=[name for name in STORAGES if "+" not in name])
     args = parser.parse_args()
+    if args.journal and args.storage != "memory":
+        parser.error("--journal goes with --storage=memory")
     if shutil.which("valgrind") is None:
         sys.exit("bench.callgrind needs valgrind (Debian package valgrind)")
+    setup = "memory+journal" if args.journal else args.storage
     with tempfile.TemporaryDirectory(prefix="mqserver-callgrind-") as tmp:
-        per_message = count(args.messages, args.journal, args.storage, Path(tmp))
+        per_message = count(args.messages, setup, Path(tmp))
     journal = "on" if args.journal else "off"
     print(f"W1 mqks storage={args.storage} journal={journal} N={args.messages}: "
           f"{per_message:,.0f} instructions per message")

@@ -29,12 +29,17 @@ STORAGES: dict[str, list[str]] = {
 }
 
 
-def start_mqserver(storage: str, workdir: Path) -> Server:
-    """Start ``twistd -n mqserver`` for ``storage`` in ``workdir`` and learn its ports."""
+def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
+                   timeout: float = 30.0) -> Server:
+    """Start ``twistd -n mqserver`` for ``storage`` in ``workdir`` and learn its ports.
+
+    ``wrapper`` runs it under another command (``bench.callgrind``: valgrind),
+    which may need a longer start-up ``timeout``.
+    """
     workdir.mkdir(parents=True, exist_ok=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
     any_port = "tcp:0:interface=127.0.0.1"
-    argv = [twistd, "-n", "--pidfile=", "mqserver",
+    argv = [*wrapper, sys.executable, twistd, "-n", "--pidfile=", "mqserver",
             f"--protocol=mqks:{any_port}", f"--protocol=phpmq:{any_port}",
             f"--protocol=emqp:{any_port}", f"--emqp-backend={any_port}",
             f"--emqp-admin={any_port}", f"--http={any_port}", f"--http-token={TOKEN}",
@@ -43,7 +48,7 @@ def start_mqserver(storage: str, workdir: Path) -> Server:
         argv.append(f"--journal={workdir}/journal")
     server = Server(f"mqserver-{storage}", argv, workdir)
     try:
-        matches = server.wait_for_log(LISTENING, count=len(LABELS))
+        matches = server.wait_for_log(LISTENING, count=len(LABELS), timeout=timeout)
     except RuntimeError:
         server.stop()
         raise
