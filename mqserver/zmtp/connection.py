@@ -8,6 +8,7 @@ multipart messages), its batched writes and its backpressure.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, succeed
@@ -202,21 +203,44 @@ class ZMTPConnection(TwistedProtocol):
             self._handshake(*frame)
 
     def _dispatch(self, items: list[list[bytes] | bytes]) -> None:
-        """Hand each decoded message to the handler and answer each command."""
-        handler, factory, identity = self.factory.handler, self.factory, self.identity
-        for item in items:
-            if self._state == _CLOSED or identity is None:
-                return
-            if item.__class__ is list:
-                try:
-                    handler.message_received(factory, identity, item)
-                except Exception:
-                    log.failure(
-                        "{name}: handling a message from {identity} failed",
-                        name=factory.name, identity=describe(identity),
-                    )
-            else:
+        """Hand each run of consecutive messages to the handler in one call and
+        answer each command in its place between them."""
+        identity = self.identity
+        i, count = 0, len(items)
+        while i < count and self._state != _CLOSED and identity is not None:
+            item = items[i]
+            if isinstance(item, bytes):
                 self._command(item)
+                i += 1
+                continue
+            end = i + 1
+            while end < count and type(items[end]) is list:
+                end += 1
+            run = items if i == 0 and end == count else items[i:end]
+            self._deliver(identity, run)  # type: ignore[arg-type]  # only lists in it
+            i = end
+
+    def _deliver(self, identity: bytes, run: list[list[bytes]]) -> None:
+        """``messages_received`` for ``run``: a handler error costs only the message
+        that raised it (logged), as the same iterator goes on after it."""
+        factory = self.factory
+        messages = self._while_open(run)
+        while True:
+            try:
+                factory.handler.messages_received(factory, identity, messages)
+                return
+            except Exception:
+                log.failure(
+                    "{name}: handling a message from {identity} failed",
+                    name=factory.name, identity=describe(identity),
+                )
+
+    def _while_open(self, run: list[list[bytes]]) -> Iterator[list[bytes]]:
+        """``run`` until the handler closes the connection: what follows is dropped."""
+        for frames in run:
+            if self._state == _CLOSED:
+                return
+            yield frames
 
     def _read_greeting(self, data: bytes) -> bytes:
         greeting = self._greeting + data

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from twisted.internet.defer import Deferred, DeferredList, succeed
@@ -61,9 +61,13 @@ class RouterHandler(Protocol):
 
     def peer_connected(self, router: ZMTPRouterFactory, identity: bytes) -> None: ...
 
-    def message_received(
-        self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
-    ) -> None: ...
+    def messages_received(
+        self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
+    ) -> None:
+        """Handle each message of a run (consecutive messages of one chunk, in
+        order; a command between two messages splits runs).  If handling one
+        raises, the connection logs it and calls again with the same
+        iterator, so the rest of the run is still handled."""
 
     def peer_disconnected(self, router: ZMTPRouterFactory, identity: bytes) -> None: ...
 

@@ -177,8 +177,8 @@ class _Handler:
     def peer_connected(self, router, identity): ...
     def peer_disconnected(self, router, identity): ...
 
-    def message_received(self, router, identity, frames):
-        self.messages.append(frames)
+    def messages_received(self, router, identity, messages):
+        self.messages.extend(messages)
 
 
 def _zmtp_peer(router: ZMTPRouterFactory, minor: int) -> tuple[object, StringTransport]:

@@ -26,6 +26,11 @@ class Recorder:
     def peer_connected(self, router, identity):
         self.events.append(("connected", identity))
 
+    def messages_received(self, router, identity, messages):
+        self.events.append(("run", identity))
+        for frames in messages:
+            self.message_received(router, identity, frames)
+
     def message_received(self, router, identity, frames):
         self.events.append(("message", identity, frames))
 
@@ -224,6 +229,45 @@ def test_handler_errors_are_logged_not_fatal(router, handler):
     peer = handshake(router, b"p")
     peer.send(codec.encode_message([b"x"]))
     assert not peer.transport.disconnecting
+
+
+def test_a_chunk_s_messages_come_in_runs_split_by_commands(router, handler):
+    peer = handshake(router, b"r")
+    handler.events.clear()
+    peer.send(codec.encode_message([b"1"]) + codec.encode_message([b"2", b"x"])
+              + codec.ping_command(0, b"p") + codec.encode_message([b"3"]))
+    assert handler.events == [
+        ("run", b"r"), ("message", b"r", [b"1"]), ("message", b"r", [b"2", b"x"]),
+        ("run", b"r"), ("message", b"r", [b"3"]),
+    ]
+    assert [name for name, _ in peer.commands()] == [b"READY", b"PONG"]
+
+
+def test_a_handler_error_costs_only_the_message_that_raised(router, handler):
+    handled = []
+
+    def fragile(router, identity, frames):
+        if frames == [b"bad"]:
+            raise RuntimeError("handler bug")
+        handled.append(frames)
+
+    handler.message_received = fragile
+    peer = handshake(router, b"p")
+    peer.send(b"".join(codec.encode_message([body]) for body in (b"1", b"bad", b"2", b"bad")))
+    assert handled == [[b"1"], [b"2"]]
+    assert [e[0] for e in handler.events if e[0] == "run"] == ["run"] * 3
+    assert not peer.transport.disconnecting
+
+
+def test_messages_after_the_handler_closes_the_connection_are_dropped(router, handler):
+    def closing(router, identity, frames):
+        handler.events.append(("message", identity, frames))
+        router.peers[identity].close()
+
+    handler.message_received = closing
+    peer = handshake(router, b"c")
+    peer.send(codec.encode_message([b"1"]) + codec.encode_message([b"2"]))
+    assert handler.messages() == [(b"c", [b"1"])]
 
 
 def test_close_all_fires_when_every_connection_is_gone(router):

@@ -9,6 +9,7 @@ unless a handler says otherwise.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -19,8 +20,19 @@ if TYPE_CHECKING:
 class EndpointHandler:
     """Base of the three ``RouterHandler``s of an ``EMQPService``."""
 
+    message_received: Callable[[ZMTPRouterFactory, bytes, list[bytes]], None]
+    """Handles one message: each handler has its own."""
+
     def __init__(self, service: EMQPService) -> None:
         self.service = service
+
+    def messages_received(
+        self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
+    ) -> None:
+        """RouterHandler: one message at a time (frontend and backend take their
+        common messages faster)."""
+        for frames in messages:
+            self.message_received(router, identity, frames)
 
     def router_started(self, router: ZMTPRouterFactory) -> None:
         self.service.start()
