@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.zmtp import codec as zmtp
 
 RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
                           "class_args": [], "class_kwargs": {}}]).encode()
@@ -148,3 +149,13 @@ def test_encode_is_the_zmtp_encoding_of_message():
                                  (codec.REQUEST, b"i" * 300, (b"q", b"", b"p" * 256))]:
         expected = zmtp.encode_message(codec.message(command, *body, msgid=msgid))
         assert codec.encode(command, msgid, *body) == expected
+
+
+@given(st.binary(max_size=300))
+def test_encode_reply_is_encode_of_a_reply_with_a_fresh_msgid(request_msgid):
+    answer = codec.encode_reply(request_msgid)
+    [frames] = zmtp.MessageDecoder(2**20, 16).feed(answer)
+    assert frames[:3] == [b"", codec.VERSION, codec.REPLY] and frames[4:] == [request_msgid]
+    assert answer == codec.encode(codec.REPLY, frames[3], request_msgid)
+    assert len(frames[3]) == 36
+    assert codec.encode_reply(request_msgid) != answer  # a fresh msgid each time

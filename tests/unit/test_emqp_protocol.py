@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+from functools import partial
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
 
 from mqserver.broker.core import Broker
+from mqserver.limits import Limits
 from mqserver.model import QueueOptions
 from mqserver.protocols.emqp import codec
+from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.fields import H_CLIENT, H_TRACK
 from mqserver.protocols.emqp.scheduler import NAMESPACE
 from mqserver.protocols.emqp.service import EMQPService
@@ -700,3 +705,99 @@ def test_clients_that_publish_are_paused_by_the_memory_alarm(h):
     usage[0] = 0
     h.clock.advance(1)
     assert client.transport.producerState == "producing"
+
+
+# -- fast paths: each must answer, store and log exactly as the long way -------
+
+
+def _long_way(h: Harness, router) -> None:
+    """Make ``router``'s handler take every message one at a time (``message_received``)."""
+    handler = router.handler
+    handler.messages_received = partial(EndpointHandler.messages_received, handler)
+
+
+def _outcome(h: Harness, peer: Peer, chunk: bytes) -> tuple:
+    """What one chunk from ``peer`` led to: answers (their fresh msgids blanked),
+    stored messages, log lines and scheduler liveness."""
+    with capturedLogs() as events:
+        peer.protocol.dataReceived(chunk)
+        h.clock.advance(0)
+    answers = [[*m[:3], b"?", *m[4:]] for m in peer.recv()]
+    stored = {
+        name: [(m.id, m.body, m.headers) for m in queue.ready]
+        for name, queue in h.broker.queues.items()
+    }
+    scheduler = h.service.schedulers.get(peer.identity)
+    return (answers, stored, [formatEvent(e) for e in events],
+            scheduler.last_seen if scheduler else None, peer.transport.disconnecting)
+
+
+def _twins(**options) -> tuple[Harness, Harness]:
+    fast, slow = Harness(**options), Harness(**options)
+    _long_way(slow, slow.service.frontend)
+    _long_way(slow, slow.service.backend)
+    return fast, slow
+
+
+class DurableNow:
+    """A store writer that keeps nothing: ``broker.durable`` fires at once."""
+
+    def __init__(self) -> None:
+        self.ops: list = []
+
+    def add(self, op) -> None:
+        self.ops.append(op)
+
+    def wait(self) -> Deferred[None]:
+        return succeed(None)
+
+
+SMALL = Limits(max_name=8, max_id=6, max_headers=2)
+_REQUESTISH = st.tuples(
+    st.sampled_from([b"", b"", b"", b"x"]),
+    st.sampled_from([codec.REQUEST, codec.REQUEST, b"request", codec.HEARTBEAT, codec.KBYE]),
+    st.sampled_from([b"m1", b"m2", b"", b"m\n", b"m" * 7]),
+    st.sampled_from([b"default", b"q", b"", b"q\x00", b"q" * 9]),
+    st.sampled_from([b"", b"", b"guarantee", b"timeout:x", b"a,b,c", b"reply-requested"]),
+    st.binary(max_size=3),
+    st.sampled_from([7, 7, 7, 4, 5, 6, 8]),  # frames
+).map(lambda t: [t[0], V, t[1], t[2], t[3], t[4], t[5], b"extra"][: t[6]])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(_REQUESTISH, max_size=8),
+    full=st.booleans(),
+    scheduler=st.booleans(),
+    durable_answer=st.booleans(),
+)
+def test_the_request_fast_path_agrees_with_the_long_way(messages, full, scheduler,
+                                                         durable_answer):
+    outcomes = []
+    for h in _twins(limits=SMALL):
+        if full:
+            h.broker.declare_queue(b"default", QueueOptions(max_length=2,
+                                                            overflow="reject-publish"))
+        client = h.client()
+        if scheduler:
+            client.send(codec.INFORM, b"", codec.SCHEDULER)
+            client.recv()
+            h.clock.advance(1)
+        if durable_answer:  # a writer: answers wait for broker.durable()
+            h.broker.writer = DurableNow()
+        outcomes.append(_outcome(h, client, b"".join(map(zmtp.encode_message, messages))))
+    assert outcomes[0] == outcomes[1]
+
+
+def test_requests_while_draining_are_refused_the_long_way(h):
+    h.worker(ready=0)
+    request(h.client(b"early"), b"r0", headers=b"guarantee")
+    h.service.disconnect()
+    client = h.client()
+    with capturedLogs() as events:
+        client.protocol.dataReceived(zmtp.encode_message([b"", V, codec.REQUEST, b"r1",
+                                                          b"default", b"", b"x"]))
+    assert client.recv() == []
+    assert [m.id for m in h.broker.queues[b"default"].ready] == [b"r0"]
+    assert any("draining after DISCONNECT; REQUEST b'r1' refused" in formatEvent(e)
+               for e in events)

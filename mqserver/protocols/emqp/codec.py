@@ -120,6 +120,17 @@ def encode(command: bytes, msgid: bytes, *body: bytes) -> bytes:
     return prefix + zmtp.encode_message((msgid, *body))
 
 
+_REPLY_HEAD = zmtp.encode_message([b"", VERSION, REPLY, bytes(36), b""])[:-38]
+"""``'' | eMQP/1.0 | REPLY`` and the header of a 36-byte msgid frame (``new_msgid``'s
+size): a REPLY with the msgid's bytes and the empty last frame cut off."""
+
+
+def encode_reply(request_msgid: bytes) -> bytes:
+    """``encode(REPLY, new_msgid(), request_msgid)``, the answer to every stored
+    REQUEST, from a prefix encoded once."""
+    return _REPLY_HEAD + new_msgid() + zmtp.frame_header(len(request_msgid)) + request_msgid
+
+
 def text(value: bytes) -> str:
     """Bytes as a str that round-trips exactly (for message headers and records)."""
     return value.decode("latin-1")

@@ -9,13 +9,14 @@ waited.  SCHEDULE and UNSCHEDULE get ``ACK <msgid>`` the same way.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from twisted.logger import Logger
 
 from mqserver.broker.overflow import QueueFullError
 from mqserver.protocols.emqp import codec
-from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.codec import REQUEST, EMQPError, check_job, encode_reply
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Peer
 from mqserver.zmtp.codec import describe
@@ -43,6 +44,47 @@ class FrontendHandler(EndpointHandler):
         }
 
     # RouterHandler
+    def messages_received(
+        self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
+    ) -> None:
+        """Take the common REQUEST (7 frames, the first empty, ``REQUEST`` in
+        capitals) without building an ``Envelope`` or a ``Request``; anything
+        else, and any REQUEST a check refuses, goes the long way
+        (``message_received``), which checks it again and logs why."""
+        service = self.service
+        connection = service.frontend.peers.get(identity)
+        if service.draining or connection is None:  # everything is refused, with a log line
+            super().messages_received(router, identity, messages)
+            return
+        check_id, limits = service.limits.check_id, service.limits
+        schedulers, publish = service.schedulers, service.publish_request
+        answer_now = service.broker.writer is None
+        publishing = connection.publisher
+        for frames in messages:
+            if len(frames) != 7 or frames[0] or frames[2] != REQUEST:
+                self.message_received(router, identity, frames)
+                continue
+            _, _, _, msgid, queue, headers, payload = frames
+            try:
+                check_id(msgid, "msgid", EMQPError)
+                if schedulers:  # liveness, recorded as message_received does
+                    self._seen(identity)
+                check_job(queue, headers, limits)
+                if not publishing:
+                    self._publishing(identity)
+                    publishing = True
+                publish(queue, headers, payload, msgid, identity)
+            except EMQPError:
+                self.message_received(router, identity, frames)
+                continue
+            except QueueFullError as e:
+                self._refuse(identity, codec.Envelope(REQUEST, msgid, frames[4:]), e)
+                continue
+            if answer_now:
+                connection.write(encode_reply(msgid))
+            else:
+                self._when_stored(identity, encode_reply(msgid))
+
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:
@@ -51,9 +93,7 @@ class FrontendHandler(EndpointHandler):
         except EMQPError as e:
             log.warn("emqp: dropped a malformed message from {id}: {e}", id=describe(identity), e=e)
             return
-        scheduler = self.service.schedulers.get(identity)
-        if scheduler is not None:
-            scheduler.last_seen = self.service.clock.seconds()
+        self._seen(identity)
         handler = self._commands.get(envelope.command)
         if handler is None:
             log.warn(
@@ -69,6 +109,12 @@ class FrontendHandler(EndpointHandler):
                 cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
                 id=describe(identity), e=e,
             )
+
+    def _seen(self, identity: bytes) -> None:
+        """Any well-formed message from a scheduler shows it is alive."""
+        scheduler = self.service.schedulers.get(identity)
+        if scheduler is not None:
+            scheduler.last_seen = self.service.clock.seconds()
 
     def router_started(self, router: ZMTPRouterFactory) -> None:
         router.on_flow = self._flow
@@ -122,7 +168,7 @@ class FrontendHandler(EndpointHandler):
         except QueueFullError as e:
             self._refuse(identity, envelope, e)
             return
-        self._when_stored(identity, codec.encode(codec.REPLY, codec.new_msgid(), envelope.msgid))
+        self._when_stored(identity, encode_reply(envelope.msgid))
 
     def _schedule(self, identity: bytes, envelope: codec.Envelope) -> None:
         if not self._accepting(envelope):
