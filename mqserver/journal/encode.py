@@ -1,24 +1,28 @@
+# -*- test-case-name: tests.unit.test_journal_encode -*-
 """Turning captured journal events into JSON lines, one batch at a time.
 
 The broker only appends small tuples of plain values (``Event``); everything
 costly happens here, once per batch and normally in the journal's own
-process: no ``json.dumps`` per record, a per-second cache of ISO timestamp
-prefixes, constant fields encoded once, and a cache of encoded names.
+process, which runs on the other core.  It is not free there: at W1's rate
+it needed about three times the broker's CPU per message, and what it takes
+from the machine the broker and its clients lose.  So the common records are
+written by one f-string each, straight from the flat batch: timestamps are
+rendered once per distinct value, a consumer's fields once per consumer, a
+delivery's message fields once for the delivery and its ack, and names once.
 """
 
 from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterable, Iterator
 from json.encoder import encode_basestring_ascii as quote
 from typing import Any
 
 from mqserver.journal.schema import (
-    ACKED,
-    DELIVERED,
+    CONSUMER_CLOSED,
+    CONSUMER_OPENED,
     PUBLISHED,
-    REASON_AUTO_ACK,
+    REQUEUED,
     SLIM_ACKED,
     SLIM_AUTO_ACKED,
     SLIM_DELIVERED,
@@ -57,29 +61,14 @@ of 8, see ``SLIM_KIND``) in the records a consumer causes:
   for a delivery without manual ack (reason ``auto_ack``)
 
 The broker hands them over flattened, one list of values for a whole batch
-(see ``mqserver.journal.writer``); ``unflatten`` cuts it back into events by
-each event's width.
+(see ``mqserver.journal.writer``); ``Encoder.encode`` walks it by each
+event's width.
 """
 
-WIDTHS = {SLIM_PUBLISHED: 9, SLIM_PUBLISHED_PLAIN: 6, SLIM_DELIVERED: 7, SLIM_DELIVERED_FIRST: 5,
-          SLIM_ACKED: 3, SLIM_AUTO_ACKED: 3}
-"""Width of the slim events; every other event is ``EVENT_WIDTH`` wide."""
-
-_UNKNOWN_CONSUMER = (None, None, None, None)
-_KEYED = frozenset(("consumer_opened", "consumer_closed", "requeued"))
-
 EVENT_WIDTH = 14
+"""Width of every event that is not slim (its first value is its name)."""
 
-
-def unflatten(values: list[Any]) -> Iterator[Event]:
-    """Events from the flat list the broker built with ``list.extend``."""
-    widths = WIDTHS
-    start, end = 0, len(values)
-    while start < end:
-        tag = values[start]
-        stop = start + (widths[tag & SLIM_KIND] if tag.__class__ is int else EVENT_WIDTH)
-        yield tuple(values[start:stop])
-        start = stop
+_DAY = 86400
 
 
 def _text(value: bytes | str) -> str:
@@ -93,158 +82,174 @@ class Encoder:
         self.bodies = bodies
         self.next_seq = next_seq
         self._head = f'{{"v":{VERSION},"node":{quote(node)},"seq":'
-        self._prefixes: dict[int, str] = {}
-        self._names: dict[Any, str] = {}
-        # consumer key -> (queue, consumer id, connection id, protocol)
-        self._consumers: dict[int, tuple[Any, ...]] = {}
-        # consumer key -> message id -> (publish_ts, delivery_count, size, expires_at)
-        self._held: dict[int, dict[bytes, tuple[Any, ...]]] = {}
+        self._prefixes: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS"
+        self._stamps: dict[float, str] = {}  # ts -> its ISO text (the broker shares them)
+        self._names: dict[Any, str] = {}  # (queue, protocol) -> their fields
+        # consumer key -> its queue, protocol, connection and consumer fields
+        self._consumers: dict[int, str] = {}
+        # consumer key -> message id -> the delivery's message fields, for the ack
+        self._held: dict[int, dict[bytes, str]] = {}
 
-    def expand(self, events: Iterable[Event]) -> Iterator[Event]:
-        """Full records from full and slim ones, tracking consumers and deliveries."""
-        consumers = self._consumers
-        held = self._held
-        for record in events:
-            tag = record[0]
-            if tag.__class__ is int:
-                kind = tag & SLIM_KIND
-                key = tag - kind
-                if kind in (SLIM_DELIVERED_FIRST, SLIM_DELIVERED):
-                    if kind == SLIM_DELIVERED_FIRST:
-                        _, ts, message_id, publish_ts, size = record
-                        count, expires_at = 1, None
-                    else:
-                        _, ts, message_id, publish_ts, count, size, expires_at = record
-                    queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
-                    deliveries = held.get(key)
-                    if deliveries is None:
-                        deliveries = held[key] = {}
-                    deliveries[message_id] = (publish_ts, count, size, expires_at)
-                    yield (DELIVERED, ts, queue, message_id, publish_ts, count, consumer,
-                           connection, protocol, size, expires_at, None, None, None)
-                elif kind == SLIM_PUBLISHED_PLAIN:
-                    _, ts, queue, message_id, protocol, size = record
-                    yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
-                           None, None, None, None)
-                elif kind == SLIM_PUBLISHED:
-                    _, ts, queue, message_id, protocol, size, expires_at, headers, body = record
-                    yield (PUBLISHED, ts, queue, message_id, ts, 0, None, None, protocol, size,
-                           expires_at, None, headers, body)
-                else:  # SLIM_ACKED or SLIM_AUTO_ACKED: unflatten knows no other
-                    _, ts, message_id = record
-                    queue, consumer, connection, protocol = consumers.get(key, _UNKNOWN_CONSUMER)
-                    deliveries = held.get(key)
-                    found = deliveries.pop(message_id, None) if deliveries else None
-                    # not seen delivered (cannot happen within one journal run): no message fields
-                    publish_ts, count, size, expires_at = found or (ts, 0, 0, None)
-                    yield (ACKED, ts, queue, message_id, publish_ts, count, consumer, connection,
-                           protocol, size, expires_at,
-                           REASON_AUTO_ACK if kind == SLIM_AUTO_ACKED else None, None, None)
-            elif tag in _KEYED:
-                event, key = tag, record[13]
-                if event == "consumer_opened":
-                    consumers[key] = (record[2], record[6], record[7], record[8])
-                    held[key] = {}
-                elif event == "consumer_closed":
-                    consumers.pop(key, None)
-                    held.pop(key, None)
-                else:
-                    deliveries = held.get(key)
-                    if deliveries:
-                        deliveries.pop(record[3], None)
-                yield (*record[:13], None)
-            else:
-                yield record
-
-    def _iso(self, ts: float) -> str:
+    def _stamp(self, ts: float) -> str:
+        """ISO-8601 UTC with microseconds, remembered for the next record at ``ts``."""
         second = int(ts)
         prefix = self._prefixes.get(second)
         if prefix is None:
             if len(self._prefixes) > 4096:
                 self._prefixes.clear()
-            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._prefixes[second] = prefix
-        return f"{prefix}.{int((ts - second) * 1_000_000):06d}Z"
+            prefix = self._prefixes[second] = time.strftime(
+                "%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+        text = f"{prefix}.{int((ts - second) * 1_000_000):06d}Z"
+        if len(self._stamps) >= 65536:
+            self._stamps.clear()
+        self._stamps[ts] = text
+        return text
 
-    def _name(self, name: bytes | str) -> str:
-        """JSON string of a queue name or protocol, cached: there are few of them."""
-        encoded = self._names.get(name)
-        if encoded is None:
+    def _where(self, queue: Any, protocol: Any, connection: Any = None,
+               consumer: Any = None) -> str:
+        """The queue, protocol, connection and consumer fields (those not None)."""
+        key = (queue, protocol, connection, consumer)
+        text = self._names.get(key)
+        if text is None:
+            text = ""
+            if queue is not None:
+                text += f',"queue":{quote(_text(queue))}'
+            if protocol is not None:
+                text += f',"protocol":{quote(_text(protocol))}'
+            if connection is not None:
+                text += f',"connection":{connection}'
+                if consumer is not None:
+                    text += f',"consumer":{quote(f"{connection}/{_text(consumer)}")}'
             if len(self._names) > 100_000:
                 self._names.clear()
-            encoded = self._names[name] = quote(_text(name))
-        return encoded
+            self._names[key] = text
+        return text
 
-    def _consumer(self, connection: int, consumer: bytes) -> str:
-        key = (connection, consumer)
-        encoded = self._names.get(key)
-        if encoded is None:
-            encoded = self._names[key] = (
-                f',"connection":{connection},"consumer":{quote(f"{connection}/{_text(consumer)}")}')
-        return encoded
+    def _message(self, message_id: bytes, publish_ts: float, count: int, size: int,
+                 expires_at: float | None) -> str:
+        """A message's fields, from its id to its time to live."""
+        text = (f',"message_id":{quote(message_id.decode("utf-8", "replace"))}'
+                f',"publish_ts":"{self._stamps.get(publish_ts) or self._stamp(publish_ts)}"'
+                f',"delivery_count":{count},"size":{size}')
+        if expires_at is not None:
+            text += f',"ttl_ms":{round((expires_at - publish_ts) * 1000)}'
+        return text
 
-    def encode(self, events: Iterable[Event]) -> list[tuple[str, str, int, int]]:
+    def _extras(self, headers: dict[str, str] | None, body: bytes | None) -> str:
+        text = ""
+        if headers:
+            text += ',"headers":{' + ",".join(
+                f"{quote(str(k))}:{quote(str(v))}" for k, v in headers.items()) + "}"
+        if self.bodies and body:
+            text += f',"body":"{base64.b64encode(body).decode("ascii")}"'
+        return text
+
+    def encode(self, values: list[Any]) -> list[tuple[str, str, int, int]]:
         """``(date, text, first_seq, count)`` chunks, one per UTC date in the batch.
 
-        The loop is written flat (locals, f-strings, caches) because it runs
-        for every record: about 1.5 us each instead of 4 with helper calls.
+        ``values`` is the flat batch the broker built (see the module doc).
+        The loop is written flat, with a branch per slim record, because it
+        runs for every record; anything else goes through ``_full``.
         """
         chunks: list[tuple[str, str, int, int]] = []
         lines: list[str] = []
         append = lines.append
-        date = "\0"  # matches no timestamp
         first = seq = self.next_seq
         head = self._head
-        bodies = self.bodies
-        names = self._names
-        name = self._name
-        prefixes = self._prefixes
-        iso = self._iso
-        for (event, ts, queue, message_id, publish_ts, count, consumer, connection,
-             protocol, size, expires_at, reason, headers, body) in self.expand(events):
-            second = int(ts)
-            prefix = prefixes.get(second)
-            if prefix is None:
-                prefix = iso(ts)[:19]
-            if not prefix.startswith(date):
+        stamps, stamp = self._stamps, self._stamp
+        names, where, message = self._names, self._where, self._message
+        consumers, held = self._consumers, self._held
+        date, day_start, day_end = "", 0.0, -1.0  # no ts is in this day
+        i, end = 0, len(values)
+        while i < end:
+            tag, ts = values[i], values[i + 1]
+            ts_text = stamps.get(ts) or stamp(ts)
+            if not day_start <= ts < day_end:
                 if lines:
                     chunks.append((date, "".join(lines), first, seq - first))
                     lines = []
                     append = lines.append
-                date, first = prefix[:10], seq
-            micros = int((ts - second) * 1_000_000)
-            line = f'{head}{seq},"ts":"{prefix}.{micros:06d}Z","event":"{event}"'
-            seq += 1
-            if queue is not None:
-                line += f',"queue":{names.get(queue) or name(queue)}'
-            if protocol is not None:
-                line += f',"protocol":{names.get(protocol) or name(protocol)}'
-            if connection is not None:
-                if consumer is not None:
-                    key = (connection, consumer)
-                    line += names.get(key) or self._consumer(connection, consumer)
+                day_start = float(int(ts) // _DAY * _DAY)
+                day_end = day_start + _DAY
+                date, first = ts_text[:10], seq
+            line = f'{head}{seq},"ts":"{ts_text}","event":'
+            if tag.__class__ is not int:
+                i, line = self._full(values, i, line)
+            else:
+                kind = tag & SLIM_KIND
+                key = tag - kind
+                if kind in (SLIM_ACKED, SLIM_AUTO_ACKED):
+                    message_id = values[i + 2]
+                    i += 3
+                    deliveries = held.get(key)
+                    fields = deliveries.pop(message_id, None) if deliveries else None
+                    # not seen delivered (cannot happen within one journal run)
+                    fields = fields or message(message_id, ts, 0, 0, None)
+                    reason = ',"reason":"auto_ack"' if kind == SLIM_AUTO_ACKED else ""
+                    line += f'"acked"{consumers.get(key, "")}{fields}{reason}}}\n'
+                elif kind in (SLIM_DELIVERED_FIRST, SLIM_DELIVERED):
+                    if kind == SLIM_DELIVERED_FIRST:
+                        _, _, message_id, publish_ts, size = values[i:i + 5]
+                        count, expires_at = 1, None
+                        i += 5
+                    else:
+                        _, _, message_id, publish_ts, count, size, expires_at = values[i:i + 7]
+                        i += 7
+                    fields = message(message_id, publish_ts, count, size, expires_at)
+                    deliveries = held.get(key)
+                    if deliveries is None:
+                        deliveries = held[key] = {}
+                    deliveries[message_id] = fields
+                    line += f'"delivered"{consumers.get(key, "")}{fields}}}\n'
+                elif kind == SLIM_PUBLISHED_PLAIN:
+                    _, _, queue, message_id, protocol, size = values[i:i + 6]
+                    i += 6
+                    place = names.get((queue, protocol, None, None)) or where(queue, protocol)
+                    line += (f'"published"{place}'
+                             f',"message_id":{quote(message_id.decode("utf-8", "replace"))}'
+                             f',"publish_ts":"{ts_text}","delivery_count":0,"size":{size}}}\n')
+                elif kind == SLIM_PUBLISHED:
+                    _, _, queue, message_id, protocol, size, expires_at, headers, body = (
+                        values[i:i + 9])
+                    i += 9
+                    line += (f'"published"{where(queue, protocol)}'
+                             f'{message(message_id, ts, 0, size, expires_at)}'
+                             f'{self._extras(headers, body)}}}\n')
                 else:
-                    line += f',"connection":{connection}'
-            if message_id is not None:
-                published = int(publish_ts)
-                published_prefix = prefixes.get(published) or iso(publish_ts)[:19]
-                line += (
-                    f',"message_id":{quote(message_id.decode("utf-8", "replace"))}'
-                    f',"publish_ts":"{published_prefix}.'
-                    f'{int((publish_ts - published) * 1_000_000):06d}Z"'
-                    f',"delivery_count":{count},"size":{size}'
-                )
-                if expires_at is not None:
-                    line += f',"ttl_ms":{round((expires_at - publish_ts) * 1000)}'
-                if headers:
-                    line += ',"headers":{' + ",".join(
-                        f"{quote(str(k))}:{quote(str(v))}" for k, v in headers.items()) + "}"
-                if bodies and body:
-                    line += f',"body":"{base64.b64encode(body).decode("ascii")}"'
-            if reason is not None:
-                line += f',"reason":{quote(_text(reason))}'
-            append(line + "}\n")
+                    raise ValueError(f"unknown slim journal record {tag!r}")
+            seq += 1
+            append(line)
         if lines:
             chunks.append((date, "".join(lines), first, seq - first))
         self.next_seq = seq
         return chunks
+
+    def _full(self, values: list[Any], i: int, line: str) -> tuple[int, str]:
+        """The full event at ``values[i]`` (see ``Event``): where the next one
+        starts and its line, which begins as ``line``.  Consumer records teach
+        the slim ones their consumer's fields."""
+        if len(values) - i < EVENT_WIDTH:
+            raise ValueError(f"journal batch ends inside a {values[i]!r} record")
+        (event, _, queue, message_id, publish_ts, count, consumer, connection, protocol, size,
+         expires_at, reason, headers, extra) = values[i:i + EVENT_WIDTH]
+        fields = self._where(queue, protocol, connection, consumer)
+        if event == CONSUMER_OPENED:
+            self._consumers[extra] = fields
+            self._held[extra] = {}
+        elif event == CONSUMER_CLOSED:
+            self._consumers.pop(extra, None)
+            self._held.pop(extra, None)
+        elif event == REQUEUED:
+            deliveries = self._held.get(extra)
+            if deliveries:
+                deliveries.pop(message_id, None)
+        line += f"{quote(event)}{fields}"
+        if message_id is not None:
+            line += self._message(message_id, publish_ts, count, size, expires_at)
+            if event == PUBLISHED:
+                line += self._extras(headers, extra)
+            elif headers:
+                line += self._extras(headers, None)
+        if reason is not None:
+            line += f',"reason":{quote(_text(reason))}'
+        return i + EVENT_WIDTH, line + "}\n"

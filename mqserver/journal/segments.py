@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterable
-from typing import IO
+from collections.abc import Callable
+from typing import IO, Any
 
-from mqserver.journal.encode import Encoder, Event
+from mqserver.journal.encode import Encoder
 from mqserver.journal.schema import (
     DATE_DIR,
     OPEN_SUFFIX,
@@ -79,9 +79,10 @@ class SegmentWriter:
                     next_seq = max(next_seq, parsed[1] + _count_lines(full))
         return next_seq
 
-    def write(self, events: Iterable[Event]) -> None:
-        """Encode and append a batch, then seal the segment if it is due."""
-        for date, text, first_seq, count in self.encoder.encode(events):
+    def write(self, values: list[Any]) -> None:
+        """Encode and append a batch (flat, see ``mqserver.journal.encode``),
+        then seal the segment if it is due."""
+        for date, text, first_seq, count in self.encoder.encode(values):
             if self._file is not None and date != self._date:
                 self.seal()
             if self._file is None:

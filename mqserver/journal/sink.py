@@ -19,7 +19,6 @@ import threading
 import time
 from typing import BinaryIO
 
-from mqserver.journal.encode import unflatten
 from mqserver.journal.segments import SegmentWriter
 
 HEADER = struct.Struct(">I")
@@ -87,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             if payload is None:
                 break
-            writer.write(unflatten(marshal.loads(payload)))
+            writer.write(marshal.loads(payload))
     finally:
         writer.seal()
     return 0

@@ -34,7 +34,6 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqserver.journal.encode import unflatten
 from mqserver.journal.feeder import Feeder
 from mqserver.journal.segments import SegmentWriter, safe_node
 
@@ -153,7 +152,7 @@ class Journal(Service):
         self.append = self.pending.extend
         try:
             if self.writer is not None:
-                self.writer.write(unflatten(batch))
+                self.writer.write(batch)
             elif self._feeder is not None:
                 self._feeder.send(batch)
         except Exception:

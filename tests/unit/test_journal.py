@@ -12,13 +12,9 @@ from twisted.internet.testing import MemoryReactorClock
 
 from mqserver import tap
 from mqserver.broker.core import Broker
-from mqserver.journal.encode import Encoder, unflatten
+from mqserver.journal.encode import Encoder
 from mqserver.journal.schema import (
     FIELD_NAMES,
-    SLIM_ACKED,
-    SLIM_AUTO_ACKED,
-    SLIM_DELIVERED,
-    SLIM_DELIVERED_FIRST,
     SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
@@ -204,7 +200,7 @@ def test_encoder_splits_a_batch_at_midnight_and_keeps_microseconds():
     rest = (None, None, 0, None, None, None, None, None, None, None, None)
     events = [("consumer_opened", midnight - 0.000001, b"q", *rest),
               ("consumer_closed", midnight + 0.5, b"q\n\"", *rest)]
-    chunks = encoder.encode(events)
+    chunks = encoder.encode([value for event in events for value in event])
     assert [(date, first, count) for date, _, first, count in chunks] == [
         ("2026-11-18", 10, 1), ("2026-11-19", 11, 1)]
     first, second = (json.loads(text) for _, text, _, _ in chunks)
@@ -256,56 +252,19 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
     assert not list((tmp_path / "j").glob("date=*/*.open"))
 
 
-def test_unflatten_cuts_a_flat_batch_by_each_events_width():
-    full = ("requeued", T0, b"q", b"m1", T0, 1, b"c", 1, "mqks", 3, None, "rejected", None, 56)
-    slim_published = (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, None, False)
-    delivered = (56 | SLIM_DELIVERED, T0, b"m1", T0, 1, 3, None)
-    acked = (56 | SLIM_ACKED, T0, b"m1")
-    auto_acked = (56 | SLIM_AUTO_ACKED, T0, b"m2")
-    plain = (SLIM_PUBLISHED_PLAIN, T0, b"q", b"m3", b"mqks", 3)
-    first = (56 | SLIM_DELIVERED_FIRST, T0, b"m3", T0, 3)
-    events = [slim_published, delivered, full, acked, auto_acked, plain, first]
-    flat = [value for event in events for value in event]
-    assert list(unflatten(flat)) == events
-    assert list(unflatten([])) == []
-
-
-def test_slim_records_expand_to_full_ones_with_the_consumer_and_delivery_joined_in():
-    key = 7 * (SLIM_KIND + 1)  # the broker's seventh consumer
-    opened = ("consumer_opened", T0, b"q", None, None, 0, b"c", 4, "mqks", 0, None, None,
-              None, key)
-    slim = [
-        (SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, T0 + 5, None, False),
-        (key + SLIM_DELIVERED, T0 + 1, b"m1", T0, 2, 3, T0 + 5),
-        (key + SLIM_ACKED, T0 + 2, b"m1"),
-        (SLIM_PUBLISHED_PLAIN, T0 + 3, b"q", b"m2", b"mqks", 4),
-        (key + SLIM_DELIVERED_FIRST, T0 + 3, b"m2", T0 + 3, 4),
-        (key + SLIM_AUTO_ACKED, T0 + 3, b"m2"),
-    ]
-    full = list(Encoder("n").expand([opened, *slim]))[1:]
-    assert full == [
-        ("published", T0, b"q", b"m1", T0, 0, None, None, b"mqks", 3, T0 + 5, None, None, False),
-        ("delivered", T0 + 1, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
-        ("acked", T0 + 2, b"q", b"m1", T0, 2, b"c", 4, "mqks", 3, T0 + 5, None, None, None),
-        ("published", T0 + 3, b"q", b"m2", T0 + 3, 0, None, None, b"mqks", 4, None, None, None,
-         None),
-        ("delivered", T0 + 3, b"q", b"m2", T0 + 3, 1, b"c", 4, "mqks", 4, None, None, None,
-         None),
-        ("acked", T0 + 3, b"q", b"m2", T0 + 3, 1, b"c", 4, "mqks", 4, None, "auto_ack", None,
-         None),
-    ]
-
-
 def test_published_records_carry_protocol_names_the_broker_saw_connect_as_bytes(tmp_path):
     broker, journal, _ = make(tmp_path)
     broker.connection_opened("mqks", "peer", RecordingSink())
     broker.publish_to_queue(b"q", b"m1", b"x", source="mqks")
     broker.publish_to_queue(b"q", b"m2", b"x", source="other")
     broker.publish_to_queue(b"q", b"m3", b"x", headers={"h": "1"}, source="mqks")
-    published = list(unflatten(journal.pending))[1:]  # after connection_opened
+    # after connection_opened: two plain published records, then a full one
+    pending = journal.pending
+    published = [pending[14:20], pending[20:26], pending[26:35]]
     assert [e[0] for e in published] == [SLIM_PUBLISHED_PLAIN, SLIM_PUBLISHED_PLAIN,
                                          SLIM_PUBLISHED]
     assert [e[4] for e in published] == [b"mqks", "other", b"mqks"]
+    assert len(pending) == 35
     journal.stopService()
     assert [(r.get("protocol"), r.get("headers")) for r in records(tmp_path)
             if r["event"] == "published"] == [("mqks", None), ("other", None), ("mqks", {"h": "1"})]
