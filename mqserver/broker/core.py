@@ -31,6 +31,8 @@ from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
 from mqserver.journal.schema import (
+    PUBLISHER_KEY,
+    SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
 )
@@ -72,11 +74,15 @@ class Broker(Subscriptions, Topology, Settling, Overflow):
         self._seq = 1
         # the last publish time, reused by publishes within the same millisecond
         self._now = -1.0
-        self._consumer_keys = 0
+        # the last key handed out for the journal's slim records (consumers,
+        # queue and protocol pairs): multiples of 8, see SLIM_KIND
+        self._journal_keys = 0
         self._dirty: dict[bytes, Queue] = {}
         self._pump_call: Any = None
         # a protocol is handling a received chunk and pumps at its end (hold_pump)
         self._pump_held = False
+        # when that chunk arrived, with the journal on: the time of its acks
+        self._chunk_time = 0.0
         self._expiry: list[tuple[float, bytes]] = []
         # durable records that are not messages (eMQP schedules, ...)
         self.records: dict[bytes, dict[bytes, bytes]] = {}
@@ -194,8 +200,8 @@ class Broker(Subscriptions, Topology, Settling, Overflow):
         if journal is not None:
             append = journal.append  # see Journal.append: read once, then called
             if expires_at is None and headers is None and not journal.bodies:
-                append((SLIM_PUBLISHED_PLAIN, now, queue.name, message_id,
-                        journal.sources.get(source, source), len(body)))
+                tag = queue.journal_tags.get(source) or self._journal_tag(queue, source)
+                append((tag, now, message_id, len(body)))
             else:
                 append((SLIM_PUBLISHED, now, queue.name, message_id,
                         journal.sources.get(source, source), len(body), expires_at, headers,
@@ -210,6 +216,17 @@ class Broker(Subscriptions, Topology, Settling, Overflow):
                 queue.ttl_ready -= 1
             self._discard(queue, oldest, b"maxlen")
         return message
+
+    def _journal_tag(self, queue: Queue, source: str | None) -> int:
+        """A key for the plain published records of ``source`` into ``queue``,
+        announced to the journal: two values less in each of those records."""
+        self._journal_keys += SLIM_KIND + 1
+        key = self._journal_keys
+        self.journal.append((PUBLISHER_KEY, self.clock.seconds(), queue.name, None, None, 0,
+                             None, None, self.journal.sources.get(source, source), None, None,
+                             None, None, key))
+        tag = queue.journal_tags[source] = key + SLIM_PUBLISHED_PLAIN
+        return tag
 
     def _append(self, queue: Queue, message: Message) -> None:
         """Put a new (or newly sequenced) message at the tail and record it."""
@@ -237,9 +254,13 @@ class Broker(Subscriptions, Topology, Settling, Overflow):
 
         Until then what the chunk makes ready waits for that call instead of
         a timer: at a low rate, where every message is a chunk of its own,
-        that is a ``callLater`` made and cancelled per message saved.
+        that is a ``callLater`` made and cancelled per message saved.  With
+        the journal on, the chunk's acks are journaled at the time it arrived
+        (a clock read per chunk instead of per ack).
         """
         self._pump_held = True
+        if self.journal is not None:
+            self._chunk_time = self.clock.seconds()
 
     def pump_now(self) -> None:
         """Dispatch what was made ready since the last pump now, not at the next reactor turn.

@@ -36,6 +36,7 @@ class Queue:
         "enqueued",
         "expired",
         "expiry_hint",
+        "journal_tags",
         "limit",
         "name",
         "options",
@@ -71,6 +72,9 @@ class Queue:
         # its newest entry in the broker's expiry heap, until the sweep pops one
         self.expiry_hint: tuple[float, bytes] | None = None
         self.unused_timer: Any = None
+        # publishing protocol -> the first value of its plain published
+        # records in the journal (see Broker._journal_tag)
+        self.journal_tags: dict[str | None, int] = {}
         self.deleted = False
         self.enqueued = self.delivered = self.acked = self.rejected = 0
         self.requeued = self.expired = self.dead_lettered = 0

@@ -42,6 +42,8 @@ class Settling:
     _expiry: list[tuple[float, bytes]]
     journal: Any
     writer: Any
+    _pump_held: bool
+    _chunk_time: float
 
     # -- settling -----------------------------------------------------------
 
@@ -54,9 +56,11 @@ class Settling:
         queue.acked += 1
         journal = self.journal
         if journal is not None:
-            # slim: the journal knows the rest from the delivery
+            # slim: the journal knows the rest from the delivery; acks in one
+            # received chunk share its time (see hold_pump)
             append = journal.append  # see Journal.append: read once, then called
-            append((consumer.key + SLIM_ACKED, self.clock.seconds(), message_id))
+            append((consumer.key + SLIM_ACKED,
+                    self._chunk_time if self._pump_held else self.clock.seconds(), message_id))
         if self.writer is not None:  # the hot path skips _op's call without a durable store
             self.writer.add((REMOVE, queue.name, message.seq))
         self._kick(queue)

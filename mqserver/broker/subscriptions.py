@@ -32,7 +32,7 @@ class Subscriptions:
     flow: MemoryAlarm
     connections: dict[int, Connection]
     _next_connection: int
-    _consumer_keys: int
+    _journal_keys: int
 
     # -- connections --------------------------------------------------------
 
@@ -100,8 +100,8 @@ class Subscriptions:
             queue.unused_timer = None
         consumer = Consumer(consumer_id, queue, connection, window, manual_ack, priority, slots)
         # a multiple of 8: the journal's slim records carry it plus their tag
-        self._consumer_keys += SLIM_KIND + 1
-        consumer.key = self._consumer_keys
+        self._journal_keys += SLIM_KIND + 1
+        consumer.key = self._journal_keys
         if slots is not None:
             slots.consumers.append(consumer)
         queue.consumers.append(consumer)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from mqserver.broker.bindings import BindingIndex, mask_regex
 from mqserver.broker.queue import Queue
 from mqserver.broker.settling import KEEP
+from mqserver.journal.schema import PUBLISHER_KEY, SLIM_PUBLISHED_PLAIN
 from mqserver.model import (
     BIND,
     DECLARE,
@@ -30,6 +31,7 @@ class Topology:
     queues: dict[bytes, Queue]
     bindings: BindingIndex
     clock: Any
+    journal: Any
     _dirty: dict[bytes, Queue]
 
     # -- queues and bindings ------------------------------------------------
@@ -107,6 +109,11 @@ class Topology:
         if queue is None:
             return False
         queue.deleted = True
+        if self.journal is not None:
+            now = self.clock.seconds()
+            for tag in queue.journal_tags.values():  # the journal forgets their keys
+                self.journal.append((PUBLISHER_KEY, now, None, None, None, 0, None, None, None,
+                                     None, None, None, None, tag - SLIM_PUBLISHED_PLAIN))
         queue.options = QueueOptions()
         self._forget_limits(queue)
         if queue.unused_timer is not None:

@@ -22,6 +22,7 @@ from mqserver.journal.schema import (
     CONSUMER_CLOSED,
     CONSUMER_OPENED,
     PUBLISHED,
+    PUBLISHER_KEY,
     REQUEUED,
     SLIM_ACKED,
     SLIM_AUTO_ACKED,
@@ -51,8 +52,9 @@ of 8, see ``SLIM_KIND``) in the records a consumer causes:
 * published, new message (9): ``(SLIM_PUBLISHED, ts, queue, message_id,
   protocol, size, expires_at, headers, body)``; ``protocol`` comes as bytes
   (see ``Journal.sources``)
-* published, plain (6): ``(SLIM_PUBLISHED_PLAIN, ts, queue, message_id,
-  protocol, size)``: no expiry, no headers, body not journaled
+* published, plain (4): ``(key + SLIM_PUBLISHED_PLAIN, ts, message_id,
+  size)``: no expiry, no headers, body not journaled; the key stands for a
+  queue and protocol, told by a ``PUBLISHER_KEY`` record before its first use
 * delivered (7): ``(key + SLIM_DELIVERED, ts, message_id, publish_ts,
   delivery_count, size, expires_at)``
 * delivered, first (5): ``(key + SLIM_DELIVERED_FIRST, ts, message_id,
@@ -84,8 +86,8 @@ class Encoder:
         self._head = f'{{"v":{VERSION},"node":{quote(node)},"seq":'
         self._prefixes: dict[int, str] = {}  # second -> "YYYY-MM-DDTHH:MM:SS"
         self._stamps: dict[float, str] = {}  # ts -> its ISO text (the broker shares them)
-        self._names: dict[Any, str] = {}  # (queue, protocol) -> their fields
-        # consumer key -> its queue, protocol, connection and consumer fields
+        self._names: dict[Any, str] = {}  # (queue, protocol, connection, consumer) -> fields
+        # key (a consumer's, or a queue and protocol's) -> the fields it stands for
         self._consumers: dict[int, str] = {}
         # consumer key -> message id -> the delivery's message fields, for the ack
         self._held: dict[int, dict[bytes, str]] = {}
@@ -157,7 +159,7 @@ class Encoder:
         first = seq = self.next_seq
         head = self._head
         stamps, stamp = self._stamps, self._stamp
-        names, where, message = self._names, self._where, self._message
+        where, message = self._where, self._message
         consumers, held = self._consumers, self._held
         date, day_start, day_end = "", 0.0, -1.0  # no ts is in this day
         i, end = 0, len(values)
@@ -174,7 +176,10 @@ class Encoder:
                 date, first = ts_text[:10], seq
             line = f'{head}{seq},"ts":"{ts_text}","event":'
             if tag.__class__ is not int:
-                i, line = self._full(values, i, line)
+                i, full = self._full(values, i, line)
+                if full is None:
+                    continue
+                line = full
             else:
                 kind = tag & SLIM_KIND
                 key = tag - kind
@@ -202,10 +207,9 @@ class Encoder:
                     deliveries[message_id] = fields
                     line += f'"delivered"{consumers.get(key, "")}{fields}}}\n'
                 elif kind == SLIM_PUBLISHED_PLAIN:
-                    _, _, queue, message_id, protocol, size = values[i:i + 6]
-                    i += 6
-                    place = names.get((queue, protocol, None, None)) or where(queue, protocol)
-                    line += (f'"published"{place}'
+                    message_id, size = values[i + 2], values[i + 3]
+                    i += 4
+                    line += (f'"published"{consumers.get(key, "")}'
                              f',"message_id":{quote(message_id.decode("utf-8", "replace"))}'
                              f',"publish_ts":"{ts_text}","delivery_count":0,"size":{size}}}\n')
                 elif kind == SLIM_PUBLISHED:
@@ -224,15 +228,21 @@ class Encoder:
         self.next_seq = seq
         return chunks
 
-    def _full(self, values: list[Any], i: int, line: str) -> tuple[int, str]:
+    def _full(self, values: list[Any], i: int, line: str) -> tuple[int, str | None]:
         """The full event at ``values[i]`` (see ``Event``): where the next one
-        starts and its line, which begins as ``line``.  Consumer records teach
-        the slim ones their consumer's fields."""
+        starts and its line, which begins as ``line`` (None: not an event).
+        Consumer and publisher-key records teach the slim ones their fields."""
         if len(values) - i < EVENT_WIDTH:
             raise ValueError(f"journal batch ends inside a {values[i]!r} record")
         (event, _, queue, message_id, publish_ts, count, consumer, connection, protocol, size,
          expires_at, reason, headers, extra) = values[i:i + EVENT_WIDTH]
         fields = self._where(queue, protocol, connection, consumer)
+        if event == PUBLISHER_KEY:
+            if queue is None:
+                self._consumers.pop(extra, None)
+            else:
+                self._consumers[extra] = fields
+            return i + EVENT_WIDTH, None
         if event == CONSUMER_OPENED:
             self._consumers[extra] = fields
             self._held[extra] = {}

@@ -20,6 +20,10 @@ CONSUMER_OPENED = "consumer_opened"
 CONSUMER_CLOSED = "consumer_closed"
 CONNECTION_OPENED = "connection_opened"
 CONNECTION_CLOSED = "connection_closed"
+PUBLISHER_KEY = "publisher_key"
+"""Not an event, and the journal process writes no line for it: it says which
+queue and protocol a key stands for in the plain published records that carry
+it (see ``mqserver.journal.encode``); with no queue, the key is forgotten."""
 
 # The broker's slim captures of the per-message events (see
 # ``mqserver.journal.encode``): small ints, which cost the broker less to hand
@@ -28,13 +32,15 @@ SLIM_PUBLISHED = 0
 SLIM_DELIVERED = 1
 SLIM_ACKED = 2
 SLIM_AUTO_ACKED = 3
-# the common cases, with fewer values: no expiry, headers or body; a first
-# delivery without expiry
+# the common cases, with fewer values: no expiry, headers or body (the
+# queue and protocol ride in the key, see PUBLISHER_KEY); a first delivery
+# without expiry
 SLIM_PUBLISHED_PLAIN = 4
 SLIM_DELIVERED_FIRST = 5
 SLIM_KIND = 7
-"""Mask of the tag in a slim record's first value.  Consumer keys are
-multiples of 8, and the records a consumer causes carry ``key + tag`` there
+"""Mask of the tag in a slim record's first value.  Keys are multiples of 8,
+and the records a consumer (or, plain published ones, a queue and protocol)
+causes carry ``key + tag`` there
 (an addition, which Python 3.11 specializes for ints, where ``|`` is not):
 one value less to hand over per record."""
 

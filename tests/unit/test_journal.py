@@ -15,6 +15,7 @@ from mqserver.broker.core import Broker
 from mqserver.journal.encode import Encoder
 from mqserver.journal.schema import (
     FIELD_NAMES,
+    PUBLISHER_KEY,
     SLIM_KIND,
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
@@ -252,22 +253,32 @@ def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
     assert not list((tmp_path / "j").glob("date=*/*.open"))
 
 
-def test_published_records_carry_protocol_names_the_broker_saw_connect_as_bytes(tmp_path):
+def test_plain_published_records_name_queue_and_protocol_by_a_key_told_once(tmp_path):
     broker, journal, _ = make(tmp_path)
     broker.connection_opened("mqks", "peer", RecordingSink())
+    del journal.pending[:]  # connection_opened
     broker.publish_to_queue(b"q", b"m1", b"x", source="mqks")
-    broker.publish_to_queue(b"q", b"m2", b"x", source="other")
-    broker.publish_to_queue(b"q", b"m3", b"x", headers={"h": "1"}, source="mqks")
-    # after connection_opened: two plain published records, then a full one
+    broker.publish_to_queue(b"q", b"m2", b"xy", source="mqks")
+    broker.publish_to_queue(b"q", b"m3", b"x", source="other")
+    broker.publish_to_queue(b"q", b"m4", b"x", headers={"h": "1"}, source="mqks")
     pending = journal.pending
-    published = [pending[14:20], pending[20:26], pending[26:35]]
-    assert [e[0] for e in published] == [SLIM_PUBLISHED_PLAIN, SLIM_PUBLISHED_PLAIN,
-                                         SLIM_PUBLISHED]
-    assert [e[4] for e in published] == [b"mqks", "other", b"mqks"]
-    assert len(pending) == 35
+    # (key + tag, ts, message id, size), after a PUBLISHER_KEY record the first time
+    told, first, second = pending[:14], pending[14:18], pending[18:22]
+    assert (told[0], told[2], told[8]) == (PUBLISHER_KEY, b"q", b"mqks")
+    assert first[0] == second[0] == told[13] + SLIM_PUBLISHED_PLAIN
+    assert (first[2:], second[2:]) == ([b"m1", 1], [b"m2", 2])
+    told_other, third = pending[22:36], pending[36:40]
+    assert (told_other[8], third[0]) == ("other", told_other[13] + SLIM_PUBLISHED_PLAIN)
+    assert pending[40] == SLIM_PUBLISHED and pending[44] == b"mqks"  # with headers: in full
+    assert len(pending) == 49
+    broker.delete_queue(b"q")  # the journal process forgets both keys
+    assert [(r[0], r[2], r[13]) for r in (pending[49:63], pending[63:77])] == [
+        (PUBLISHER_KEY, None, told[13]), (PUBLISHER_KEY, None, told_other[13])]
     journal.stopService()
-    assert [(r.get("protocol"), r.get("headers")) for r in records(tmp_path)
-            if r["event"] == "published"] == [("mqks", None), ("other", None), ("mqks", {"h": "1"})]
+    assert [(r["message_id"], r.get("queue"), r.get("protocol"), r["size"], r.get("headers"))
+            for r in records(tmp_path)] == [
+        ("m1", "q", "mqks", 1, None), ("m2", "q", "mqks", 2, None), ("m3", "q", "other", 1, None),
+        ("m4", "q", "mqks", 1, {"h": "1"})]
 
 
 def test_batches_cross_as_marshal_version_2_and_come_back_equal():
