@@ -1,12 +1,13 @@
 """Instructions the server executes per W1 message, counted by callgrind.
 
-``python -m bench.callgrind [--messages N] [--journal] [--storage memory]``
+``python -m bench.callgrind [--messages N] [--journal] [--storage memory] [--protocol mqks]``
 
 Throughput on a shared 2-core machine moves by tens of per cent between
 runs; instruction counts move by about 0.1 %.  This starts the suite's
 server (``bench.servers.start_mqserver``) under ``valgrind
 --tool=callgrind``, warms it up with a quarter-size W1 round, zeroes the
-counters, runs one W1 round with the suite's lean MQKS client and reads the
+counters, runs one W1 round with the suite's lean client of ``--protocol``
+(MQKS by default) and reads the
 counters back: every thread of the server process, nothing of the client.  Compare two trees with
 ``PYTHONPATH=<tree>`` (the server inherits it).  It says nothing about
 cache misses, system calls or other processes (the journal's), so confirm
@@ -24,8 +25,8 @@ import time
 from pathlib import Path
 
 from bench import workloads
-from bench.clients.mqks import MQKSClient
 from bench.servers import STORAGES, start_mqserver
+from bench.systems import PROTOCOLS
 
 
 def control(*args: str) -> None:
@@ -40,16 +41,17 @@ def summary(path: Path) -> int:
     raise RuntimeError(f"no summary line in {path}")
 
 
-def count(messages: int, storage: str, workdir: Path) -> float:
-    """Instructions per message of one W1 round of ``messages`` 100-byte messages,
-    on a server set up as ``bench.servers.STORAGES[storage]``."""
+def count(messages: int, storage: str, workdir: Path, protocol: str = "mqks") -> float:
+    """Instructions per message of one W1 round of ``messages`` 100-byte messages
+    with ``protocol``'s client, on a server set up as ``bench.servers.STORAGES[storage]``."""
+    client = PROTOCOLS[protocol]
     wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/callgrind.%p")
     server = start_mqserver(storage, workdir, wrapper, timeout=300)
     try:
-        workloads.w1(MQKSClient, server, "warm-up", max(1, messages // 4), 100)
+        workloads.w1(client, server, "warm-up", max(1, messages // 4), 100)
         time.sleep(1.0)  # timers and the journal's flush settle
         control("-z", str(server.pid))
-        workloads.w1(MQKSClient, server, "counted", messages, 100)
+        workloads.w1(client, server, "counted", messages, 100)
         time.sleep(1.0)  # the journal's flush of this round is counted too
         control("-d", str(server.pid))
     finally:
@@ -65,6 +67,7 @@ def main() -> None:
                         help="the memory storage with --journal")
     parser.add_argument("--storage", default="memory",
                         choices=[name for name in STORAGES if "+" not in name])
+    parser.add_argument("--protocol", default="mqks", choices=sorted(PROTOCOLS))
     args = parser.parse_args()
     if args.journal and args.storage != "memory":
         parser.error("--journal goes with --storage=memory")
@@ -72,9 +75,9 @@ def main() -> None:
         sys.exit("bench.callgrind needs valgrind (Debian package valgrind)")
     setup = "memory+journal" if args.journal else args.storage
     with tempfile.TemporaryDirectory(prefix="mqserver-callgrind-") as tmp:
-        per_message = count(args.messages, setup, Path(tmp))
+        per_message = count(args.messages, setup, Path(tmp), args.protocol)
     journal = "on" if args.journal else "off"
-    print(f"W1 mqks storage={args.storage} journal={journal} N={args.messages}: "
+    print(f"W1 {args.protocol} storage={args.storage} journal={journal} N={args.messages}: "
           f"{per_message:,.0f} instructions per message")
 
 
