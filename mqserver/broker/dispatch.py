@@ -53,16 +53,16 @@ def hand_over(
     if journal is not None:
         # slim records (see mqserver.journal.encode): queue and consumer
         # details come from the consumer_opened record
-        key = consumer.key
+        tags = consumer.tags
         append = journal.append  # see Journal.append: read once, then called
         if message.retry or message.expires_at is not None:
-            append((key + SLIM_DELIVERED, now, message.id, message.created_at,
+            append((tags[SLIM_DELIVERED], now, message.id, message.created_at,
                     message.retry + 1, len(message.body), message.expires_at))
         else:  # the common case, in fewer values
-            append((key + SLIM_DELIVERED_FIRST, now, message.id, message.created_at,
+            append((tags[SLIM_DELIVERED_FIRST], now, message.id, message.created_at,
                     len(message.body)))
         if not consumer.manual_ack:
-            append((key + SLIM_AUTO_ACKED, now, message.id))
+            append((tags[SLIM_AUTO_ACKED], now, message.id))
     consumer.sink.deliver(consumer, message)
     return DELIVERED
 

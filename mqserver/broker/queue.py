@@ -170,6 +170,7 @@ class Consumer:
         "queue",
         "sink",
         "slots",
+        "tags",
         "unacked",
         "window",
     )
@@ -186,8 +187,10 @@ class Consumer:
     ) -> None:
         self.id = id
         # names the consumer in the journal's slim records: a small int set by
-        # the broker, cheaper to marshal than id(self)
+        # the broker, cheaper to marshal than id(self); ``tags[kind]`` is
+        # ``key + kind``, made once (past 256, each sum would be a new int)
         self.key = 0
+        self.tags: tuple[int, ...] = ()
         self.priority = priority
         self.slots = slots
         self.queue = queue

@@ -59,7 +59,7 @@ class Settling:
             # slim: the journal knows the rest from the delivery; acks in one
             # received chunk share its time (see hold_pump)
             append = journal.append  # see Journal.append: read once, then called
-            append((consumer.key + SLIM_ACKED,
+            append((consumer.tags[SLIM_ACKED],
                     self._chunk_time if self._pump_held else self.clock.seconds(), message_id))
         if self.writer is not None:  # the hot path skips _op's call without a durable store
             self.writer.add((REMOVE, queue.name, message.seq))

@@ -102,6 +102,7 @@ class Subscriptions:
         # a multiple of 8: the journal's slim records carry it plus their tag
         self._journal_keys += SLIM_KIND + 1
         consumer.key = self._journal_keys
+        consumer.tags = tuple(range(consumer.key, consumer.key + SLIM_KIND + 1))
         if slots is not None:
             slots.consumers.append(consumer)
         queue.consumers.append(consumer)
