@@ -753,7 +753,7 @@ class DurableNow:
 
 
 SMALL = Limits(max_name=8, max_id=6, max_headers=2)
-_REQUESTISH = st.tuples(
+_REQUESTISH = st.one_of(st.just([b"", V, codec.REQUEST, b"m1", b"q", b"", b"x"]), st.tuples(
     st.sampled_from([b"", b"", b"", b"x"]),
     st.sampled_from([codec.REQUEST, codec.REQUEST, b"request", codec.HEARTBEAT, codec.KBYE]),
     st.sampled_from([b"m1", b"m2", b"", b"m\n", b"m" * 7]),
@@ -761,7 +761,7 @@ _REQUESTISH = st.tuples(
     st.sampled_from([b"", b"", b"guarantee", b"timeout:x", b"a,b,c", b"reply-requested"]),
     st.binary(max_size=3),
     st.sampled_from([7, 7, 7, 4, 5, 6, 8]),  # frames
-).map(lambda t: [t[0], V, t[1], t[2], t[3], t[4], t[5], b"extra"][: t[6]])
+).map(lambda t: [t[0], V, t[1], t[2], t[3], t[4], t[5], b"extra"][: t[6]]))
 
 
 @settings(max_examples=150, deadline=None)
@@ -801,3 +801,45 @@ def test_requests_while_draining_are_refused_the_long_way(h):
     assert [m.id for m in h.broker.queues[b"default"].ready] == [b"r0"]
     assert any("draining after DISCONNECT; REQUEST b'r1' refused" in formatEvent(e)
                for e in events)
+
+
+_WORKERISH = st.one_of(
+    st.just([b"", V, codec.READY, b"r"]),  # the common READY
+    st.tuples(
+        st.sampled_from([b"", b"", b"", b"x"]),
+        st.sampled_from([codec.READY, codec.READY, codec.READY, b"ready", codec.HEARTBEAT]),
+        st.sampled_from([b"r", b"r", b"r2", b"", b"m\n", b"m" * 7]),
+        st.sampled_from([4, 4, 4, 3, 5]),  # frames
+    ).map(lambda t: [t[0], V, t[1], t[2], b"extra"][: t[3]]),
+    st.sampled_from([
+        [b"", V, codec.KBYE, b"k"],
+        [b"", V, codec.INFORM, b"i", b"", b"worker"],
+        [b"", V, codec.REPLY, b"p", b"{}", b"q1"],
+    ]),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    messages=st.lists(_WORKERISH, max_size=8),
+    known=st.sampled_from([True, True, False]),
+    draining=st.booleans(),
+)
+def test_the_ready_fast_path_agrees_with_the_long_way(messages, known, draining):
+    outcomes = []
+    for h in _twins(limits=SMALL):
+        client = h.client()
+        for n in range(5):
+            request(client, b"q%d" % n, headers=b"" if n % 2 else b"guarantee")
+        worker = Peer(h, h.service.backend, b"w1")
+        if known:
+            worker.send(codec.INFORM, b"", codec.WORKER, msgid=b"i")
+            worker.send(codec.READY, msgid=b"r")  # q0 in flight: a drain waits for it
+            worker.recv()
+        if draining:
+            h.service.disconnect()
+        h.clock.advance(1)
+        outcome = _outcome(h, worker, b"".join(map(zmtp.encode_message, messages)))
+        registered = h.service.workers.get(b"w1")
+        outcomes.append((outcome, registered and (registered.slots.free, registered.last_seen)))
+    assert outcomes[0] == outcomes[1]

@@ -9,10 +9,12 @@ original router, is logged and ignored.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 from twisted.logger import Logger
 
 from mqserver.protocols.emqp import codec
-from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.codec import READY, EMQPError
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Worker
 from mqserver.zmtp.codec import describe
@@ -35,6 +37,44 @@ class BackendHandler(EndpointHandler):
         }
 
     # RouterHandler
+    def messages_received(
+        self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
+    ) -> None:
+        """Count a known worker's READYs (4 frames, the first empty, ``READY`` in
+        capitals) and give them in one ``add_slots``, before any other message
+        of the run is handled the long way (``message_received``), so the order
+        of what they cause is kept."""
+        workers = self.service.workers
+        worker = workers.get(identity)
+        ready, valid = 0, None  # READYs not given yet; the msgid last found valid
+        for frames in messages:
+            if (worker is not None and len(frames) == 4 and not frames[0]
+                    and frames[2] == READY and (frames[3] == valid or self._valid(frames[3]))):
+                valid = frames[3]
+                ready += 1
+                continue
+            if ready and worker is not None:
+                self._ready_many(worker, ready)
+                ready = 0
+            self.message_received(router, identity, frames)
+            worker = workers.get(identity)  # an INFORM or KBYE changes it
+        if ready and worker is not None:
+            self._ready_many(worker, ready)
+
+    def _valid(self, msgid: bytes) -> bool:
+        """The msgid passes ``limits.check_id`` (else the long way logs why)."""
+        try:
+            self.service.limits.check_id(msgid, "msgid", EMQPError)
+        except EMQPError:
+            return False
+        return True
+
+    def _ready_many(self, worker: Worker, count: int) -> None:
+        """``count`` READYs at once: liveness once, slots in one ``add_slots``."""
+        worker.last_seen = self.service.clock.seconds()
+        if not self.service.draining:
+            self.service.broker.add_slots(worker.slots, count)
+
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
     ) -> None:
