@@ -117,6 +117,16 @@ def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
     return b"".join(parts)
 
 
+def more_header(size: int) -> bytes:
+    """``frame_header(size, MORE)``, from the table when short."""
+    return _SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE)
+
+
+def last_header(size: int) -> bytes:
+    """``frame_header(size)`` for a message's last frame, from the table when short."""
+    return _SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
+
+
 def encode_command(name: bytes, data: bytes = b"") -> bytes:
     body = bytes((len(name),)) + name + data
     return frame_header(len(body), COMMAND) + body

@@ -9,8 +9,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from mqserver.model import Message
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
+from mqserver.protocols.emqp.fields import RequestFrames, request_frames
 from mqserver.zmtp import codec as zmtp
 
 RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
@@ -159,3 +161,36 @@ def test_encode_reply_is_encode_of_a_reply_with_a_fresh_msgid(request_msgid):
     assert answer == codec.encode(codec.REPLY, frames[3], request_msgid)
     assert len(frames[3]) == 36
     assert codec.encode_reply(request_msgid) != answer  # a fresh msgid each time
+
+
+# -- the REQUEST a worker gets: RequestFrames against request_frames ------------
+
+_FIELDS = st.sampled_from([
+    None,
+    {},
+    {"emqp-headers": "guarantee"},  # another protocol's (PUBLISH): the message's queue
+    {"emqp-queue": "q", "emqp-headers": ""},
+    {"emqp-queue": "q", "emqp-headers": "guarantee,reply-requested", "emqp-track": "1"},
+    {"emqp-queue": "\xe9" * 300, "emqp-headers": "timeout:5"},
+    {"emqp-queue": "", "emqp-headers": "x" * 256},
+])
+
+
+@given(
+    messages=st.lists(
+        st.tuples(st.binary(min_size=1, max_size=300), st.binary(max_size=300),
+                  st.binary(max_size=300), _FIELDS, st.booleans()),
+        max_size=12,
+    ),
+    size=st.integers(min_value=1, max_value=3),
+)
+def test_request_frames_with_cached_middles_agree_with_the_long_way(messages, size):
+    encode = RequestFrames(size)
+    shared: dict[int, dict[str, str]] = {}
+    for msgid, queue, body, fields, share in messages:
+        if fields is not None and share:  # many messages of one request shape
+            fields = shared.setdefault(id(fields), dict(fields))
+        elif fields is not None:
+            fields = dict(fields)
+        message = Message(msgid, queue, body, headers=fields)
+        assert encode(message) == request_frames(message)

@@ -128,7 +128,7 @@ size): a REPLY with the msgid's bytes and the empty last frame cut off."""
 def encode_reply(request_msgid: bytes) -> bytes:
     """``encode(REPLY, new_msgid(), request_msgid)``, the answer to every stored
     REQUEST, from a prefix encoded once."""
-    return _REPLY_HEAD + new_msgid() + zmtp.frame_header(len(request_msgid)) + request_msgid
+    return _REPLY_HEAD + new_msgid() + zmtp.last_header(len(request_msgid)) + request_msgid
 
 
 def text(value: bytes) -> str:

@@ -38,8 +38,8 @@ from mqserver.protocols.emqp.fields import (
     H_REPLY,
     H_TIMEOUT,
     H_TRACK,
+    RequestFrames,
     request_fields,
-    request_frames,
 )
 from mqserver.protocols.emqp.peers import Peer, Worker
 from mqserver.protocols.emqp.scheduler import ScheduleRunner
@@ -100,6 +100,7 @@ class EMQPService:
         self._ack_call: Any = None
         # (queue, header frame, client) -> the fields of its requests
         self._fields: dict[tuple[bytes, bytes, bytes | None], dict[str, str]] = {}
+        self._request_frames = RequestFrames()
         self._started = 0
         self._heartbeat = LoopingCall(self._beat)
         self._heartbeat.clock = self.clock
@@ -204,7 +205,7 @@ class EMQPService:
     def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> None:
         """Called by the core's dispatch: forward now, never call back into the broker."""
         try:
-            self.backend.send_encoded(worker.identity, request_frames(message))
+            self.backend.send_encoded(worker.identity, self._request_frames(message))
         except UnroutableError:
             worker.undelivered.append(message)
             if not worker.gone:
