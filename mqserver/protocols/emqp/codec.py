@@ -97,6 +97,10 @@ class MsgIds:
     def __call__(self) -> bytes:
         return b"%b%012x" % (self._prefix, next(self._counter) & self._MASK)
 
+    def between(self, head: bytes, tail: bytes) -> bytes:
+        """``head + self() + tail``, formatted in one go (for every REPLY)."""
+        return b"%b%b%012x%b" % (head, self._prefix, next(self._counter) & self._MASK, tail)
+
 
 new_msgid = MsgIds()
 """A fresh msgid (``MsgIds``), for answers and the requests schedules make."""
@@ -128,7 +132,7 @@ size): a REPLY with the msgid's bytes and the empty last frame cut off."""
 def encode_reply(request_msgid: bytes) -> bytes:
     """``encode(REPLY, new_msgid(), request_msgid)``, the answer to every stored
     REQUEST, from a prefix encoded once."""
-    return _REPLY_HEAD + new_msgid() + zmtp.last_header(len(request_msgid)) + request_msgid
+    return new_msgid.between(_REPLY_HEAD, zmtp.last_header(len(request_msgid)) + request_msgid)
 
 
 def text(value: bytes) -> str:

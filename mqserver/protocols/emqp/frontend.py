@@ -42,6 +42,9 @@ class FrontendHandler(EndpointHandler):
             codec.REPLY: self._heartbeat,
             codec.ACK: self._heartbeat,
         }
+        # (queue, header frame) pairs that passed check_job: a client sends the
+        # same ones again and again, and the limits never change
+        self._valid_jobs: set[tuple[bytes, bytes]] = set()
 
     # RouterHandler
     def messages_received(
@@ -56,7 +59,7 @@ class FrontendHandler(EndpointHandler):
         if service.draining or connection is None:  # everything is refused, with a log line
             super().messages_received(router, identity, messages)
             return
-        check_id, limits = service.limits.check_id, service.limits
+        check_id, valid_jobs = service.limits.check_id, self._valid_jobs
         schedulers, publish = service.schedulers, service.publish_request
         answer_now = service.broker.writer is None
         publishing = connection.publisher
@@ -69,7 +72,8 @@ class FrontendHandler(EndpointHandler):
                 check_id(msgid, "msgid", EMQPError)
                 if schedulers:  # liveness, recorded as message_received does
                     self._seen(identity)
-                check_job(queue, headers, limits)
+                if (queue, headers) not in valid_jobs:
+                    self._check_job(queue, headers)
                 if not publishing:
                     self._publishing(identity)
                     publishing = True
@@ -109,6 +113,13 @@ class FrontendHandler(EndpointHandler):
                 cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
                 id=describe(identity), e=e,
             )
+
+    def _check_job(self, queue: bytes, headers: bytes) -> None:
+        """``check_job``, remembering the pairs that pass (a bounded few)."""
+        check_job(queue, headers, self.service.limits)
+        if len(self._valid_jobs) >= 1024:
+            self._valid_jobs.clear()
+        self._valid_jobs.add((queue, headers))
 
     def _seen(self, identity: bytes) -> None:
         """Any well-formed message from a scheduler shows it is alive."""
