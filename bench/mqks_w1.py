@@ -23,6 +23,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from pathlib import Path
+
+from bench.servers import settle_journal
 
 LISTENING = re.compile(r"mqks listening on [\d.]+:(\d+)")
 
@@ -96,18 +99,6 @@ def main() -> None:
         run(args, args.journal)
 
 
-def quiet(directory: str, still: float = 0.5) -> None:
-    """Wait until the journal process has written everything (sizes stop changing),
-    so its encoding does not slow the next round of the other server."""
-    def size() -> int:
-        return sum(os.path.getsize(os.path.join(root, name))
-                   for root, _, names in os.walk(directory) for name in names)
-    before = -1
-    while (now := size()) != before:
-        before = now
-        time.sleep(still)
-
-
 def compare(args: argparse.Namespace) -> None:
     """Both servers at once, rounds alternating off/on: on a shared, noisy
     machine a slow spell then hits both sides instead of one whole run.  After
@@ -123,7 +114,7 @@ def compare(args: argparse.Namespace) -> None:
             for n in range(args.rounds):
                 results["off"].append(one_round(off_port, f"q{n}", args.messages, args.size))
                 results["on"].append(one_round(on_port, f"q{n}", args.messages, args.size))
-                quiet(journal)
+                settle_journal(Path(journal))
         finally:
             for process in (off_process, on_process):
                 process.terminate()

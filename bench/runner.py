@@ -118,13 +118,13 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
         # the journal process still importing), which no later round does
         run_round(system.client, server, f"{queue}-warm-up", max(1, count // 10), options.size)
         if journaled:
-            settle_journal(server)
+            settle_journal(server.workdir / "journal")
     # what earlier rounds left for the kernel to write back (W3's logs and
     # databases, journals) is written now, not during this round
     os.sync()
     figures = run_round(system.client, server, queue, count, options.size)
     if journaled:
-        settle_journal(server)
+        settle_journal(server.workdir / "journal")
     return figures
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from bench.proc import Server
+from mqserver.journal.sink import QUIET
 
 LISTENING = re.compile(r"\] ([\w-]+) listening on [\d.]+:(\d+)")
 LABELS = ("mqks", "phpmq", "emqp", "emqp-backend", "emqp-admin", "http")
@@ -56,11 +57,11 @@ def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
     return server
 
 
-def settle_journal(server: Server, still: float = 0.5) -> None:
-    """Wait until a journaled server's journal process has written everything
-    (the files stop growing), so its encoding does not slow the next round,
-    of this server or another (as ``bench.mqks_w1 --compare-journal`` does)."""
-    journal = server.workdir / "journal"
+def settle_journal(journal: Path, still: float = QUIET + 0.5) -> None:
+    """Wait until the journal process writing into ``journal`` has written
+    everything (the files stop growing for ``still`` seconds, longer than it
+    holds a burst's batches), so its encoding does not slow the next round,
+    of this server or another."""
 
     def size() -> int:
         return sum(f.stat().st_size for f in journal.rglob("*") if f.is_file())

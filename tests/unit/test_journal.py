@@ -233,26 +233,6 @@ def test_journal_option_wires_the_journal_into_broker_and_service(tmp_path, on):
         assert journal is None
 
 
-def test_sink_process_reads_framed_batches_and_seals_at_end_of_input(tmp_path):
-    import subprocess
-    import sys
-
-    from mqserver.journal.sink import frame
-
-    # batches are flat lists of values, as Journal.append (list.extend) builds them
-    event = ("published", T0, b"q", b"m1", T0, 0, None, None, "mqks", 3, None, None,
-             {"h": "1"}, b"abc")
-    slim = (SLIM_PUBLISHED, T0, b"q", b"m2", "mqks", 3, None, {"h": "1"}, b"abc")
-    data = b"".join(frame(list(event)) + frame(list(slim)))
-    subprocess.run(
-        [sys.executable, "-m", "mqserver.journal.sink", str(tmp_path / "j"), "--node", "p",
-         "--bodies"], input=data, check=True, timeout=60)
-    got = records(tmp_path)
-    assert [(r["seq"], r["message_id"], r["body"]) for r in got] == [(1, "m1", "YWJj"),
-                                                                    (2, "m2", "YWJj")]
-    assert not list((tmp_path / "j").glob("date=*/*.open"))
-
-
 def test_plain_published_records_name_queue_and_protocol_by_a_key_told_once(tmp_path):
     broker, journal, _ = make(tmp_path)
     broker.connection_opened("mqks", "peer", RecordingSink())
@@ -279,19 +259,6 @@ def test_plain_published_records_name_queue_and_protocol_by_a_key_told_once(tmp_
             for r in records(tmp_path)] == [
         ("m1", "q", "mqks", 1, None), ("m2", "q", "mqks", 2, None), ("m3", "q", "other", 1, None),
         ("m4", "q", "mqks", 1, {"h": "1"})]
-
-
-def test_batches_cross_as_marshal_version_2_and_come_back_equal():
-    import marshal
-
-    from mqserver.journal.sink import HEADER, MARSHAL_VERSION, frame
-
-    values = [SLIM_PUBLISHED, T0, b"q", b"m1", b"mqks", 3, None, {"h": "1"}, b"abc", "acked"]
-    header, payload = frame(values)
-    data = header + payload
-    (size,) = HEADER.unpack(data[:HEADER.size])
-    assert MARSHAL_VERSION == 2 and marshal.loads(data[HEADER.size:]) == values
-    assert size == len(data) - HEADER.size
 
 
 def test_journal_keeps_values_not_tuples_so_they_cost_no_garbage_collections(tmp_path):
