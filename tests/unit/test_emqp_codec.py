@@ -135,13 +135,21 @@ def test_new_msgid_is_a_uuid4_string_like_eventmq_sends():
 def test_msgids_stay_unique_and_well_formed_where_the_counter_wraps():
     import uuid
 
-    ids = codec.MsgIds()
-    ids._counter = iter(range((1 << 48) - 2, (1 << 48) + 2))
+    ids = codec.MsgIds(start=(1 << 48) - 2)
     got = [ids().decode("ascii") for _ in range(4)]
     assert [g[-12:] for g in got] == ["fffffffffffe", "ffffffffffff", "000000000000",
                                       "000000000001"]
     assert all(uuid.UUID(g).version == 4 for g in got) and len(set(got)) == 4
     assert codec.MsgIds()().decode("ascii")[:24] != got[0][:24]  # another run, another prefix
+
+
+@given(st.integers(min_value=0, max_value=1 << 50), st.integers(min_value=1, max_value=600))
+def test_msgids_are_the_counter_in_hex_across_blocks(start, count):
+    ids = codec.MsgIds(start=start)
+    got = [ids() for _ in range(count)]
+    prefix = got[0][:24]
+    assert got == [prefix + b"%012x" % (n & ((1 << 48) - 1)) for n in range(start, start + count)]
+    assert ids.between(b"<", b">") == b"<" + prefix + b"%012x" % ((start + count) & ((1 << 48) - 1)) + b">"
 
 
 def test_encode_is_the_zmtp_encoding_of_message():

@@ -9,7 +9,6 @@ message is ``'' | eMQP/1.0 | COMMAND | MSGID | body...``.
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import os
 from dataclasses import dataclass, field
@@ -76,30 +75,44 @@ def parse(frames: list[bytes], limits: Limits | None = None) -> Envelope:
     return Envelope(frames[2].upper(), frames[3], frames[4:])
 
 
+_HEX2 = [b"%02x" % n for n in range(256)]
+
+
 class MsgIds:
     """Msgids shaped like eventmq's ``str(uuid4())``, cheaply: every answer to a
     request needs one.
 
     A random version-4 uuid is drawn once; each id is its first 20 hex digits
-    and a 48-bit counter that starts at the uuid's own last 12 digits, so ids
-    are unique for 2**48 answers (and random across restarts) at a fifth of
-    the cost of 16 fresh random bytes each (a system call and formatting).
+    and a 48-bit counter that starts at the uuid's own last 12 digits (or
+    ``start``), so ids are unique for 2**48 answers (and random across
+    restarts).  All but the last two digits change once in 256 ids, so they
+    are formatted then and an id is joined from that block and a table
+    entry: a tenth of the cost of 16 fresh random bytes (a system call and
+    formatting), a third of formatting the counter each time.
     """
 
-    _MASK = (1 << 48) - 1
-
-    def __init__(self) -> None:
+    def __init__(self, start: int | None = None) -> None:
         h = os.urandom(16).hex()
         variant = "89ab"[int(h[16], 16) & 3]
         self._prefix = f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-".encode("ascii")
-        self._counter = itertools.count(int(h[20:], 16))
+        self._next = int(h[20:], 16) if start is None else start
+        self._block = self._block_of(self._next)
+
+    def _block_of(self, n: int) -> bytes:
+        """The uuid prefix and the first 10 of the 12 counter digits of id ``n``."""
+        return b"%b%010x" % (self._prefix, (n >> 8) & ((1 << 40) - 1))
 
     def __call__(self) -> bytes:
-        return b"%b%012x" % (self._prefix, next(self._counter) & self._MASK)
+        return self.between(b"", b"")
 
     def between(self, head: bytes, tail: bytes) -> bytes:
-        """``head + self() + tail``, formatted in one go (for every REPLY)."""
-        return b"%b%b%012x%b" % (head, self._prefix, next(self._counter) & self._MASK, tail)
+        """``head + self() + tail`` in one join (for every REPLY)."""
+        n = self._next
+        self._next = n + 1
+        low = n & 0xFF
+        if not low:
+            self._block = self._block_of(n)
+        return b"".join((head, self._block, _HEX2[low], tail))
 
 
 new_msgid = MsgIds()
