@@ -21,19 +21,21 @@ from itertools import islice
 from time import monotonic
 from typing import Any
 
-from mqserver.protocols.mqks.stats_view import (
-    Flag,
-    QueueStat,
-    ReadOnlyMap,
-    StateView,
-    View,
+from mqserver.protocols.mqks.eval_builtins import (
+    ATTRS,
+    BUILTINS,
+    MAX_SIZE,
+    METHODS,
+    NUMBERS,
+    EvalError,
+    Method,
 )
+from mqserver.protocols.mqks.stats_view import ReadOnlyMap, View
 
 MAX_CODE = 10_000  # characters of source
 MAX_NODES = 500  # AST nodes (operators and load contexts not counted)
 MAX_DEPTH = 60  # AST nesting, which bounds the interpreter's recursion
 MAX_CALL_DEPTH = 16  # nested lambda calls: (lambda f: f(f))(lambda f: f(f)) stops here
-MAX_SIZE = 1_000_000  # items of a range or repetition, characters of a new string
 MAX_WEIGHT = 2_000_000  # items of a new container or of the result, nesting expanded
 MAX_INT_BITS = 10_000  # huge ints make str(), hashing and ** slow
 MAX_WORK = 4_000_000  # nodes evaluated + loop turns + items weighed: ~2 s at most
@@ -43,74 +45,6 @@ MAX_SECONDS = 5.0  # also a clock: a loop of C-level calls (max(r) for _ in ...)
 Scope = dict[str, Any]
 
 
-class EvalError(Exception):
-    """The code was refused, or failed while being evaluated."""
-
-
-# -- safe builtins and methods -----------------------------------------------
-
-_NUMBERS = (int, float, bool)
-
-
-def _range(*args: int) -> range:
-    r = range(*args)
-    if len(r) > MAX_SIZE:
-        raise EvalError("range too long")
-    return r
-
-
-def _sum(iterable: Any, start: int | float = 0) -> int | float:
-    """Numbers only: sum() of lists or tuples concatenates quadratically."""
-    if type(start) not in _NUMBERS:
-        raise EvalError("sum() takes numbers only")
-    total = start
-    for x in iterable:
-        if type(x) not in _NUMBERS:
-            raise EvalError("sum() takes numbers only")
-        total += x
-    return total
-
-
-def _round(number: Any, ndigits: int | None = None) -> Any:
-    if ndigits is not None and (type(ndigits) is not int or abs(ndigits) > 100):
-        raise EvalError("round() ndigits out of range")  # round(5, -10**9) is 10**10**9
-    return round(number, ndigits)
-
-
-def _zip(*iterables: Any) -> Iterator[tuple[Any, ...]]:
-    if len(iterables) > 8:
-        raise EvalError("zip() of too many iterables")
-    return zip(*iterables, strict=False)
-
-
-def _join(sep: Any, iterable: Any) -> Any:
-    items = list(islice(iterable, MAX_SIZE + 1))
-    size = sum(len(x) for x in items if isinstance(x, (str, bytes))) + len(sep) * len(items)
-    if len(items) > MAX_SIZE or size > MAX_SIZE:
-        raise EvalError("join() result too long")
-    return sep.join(items)
-
-
-_BUILTINS: dict[str, Any] = {
-    "len": len, "sum": _sum, "sorted": sorted, "min": min, "max": max, "set": set,
-    "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "int": int,
-    "float": float, "bool": bool, "abs": abs, "any": any, "all": all, "round": _round,
-    "enumerate": enumerate, "zip": _zip, "range": _range, "reversed": reversed,
-}  # str and repr come from the interpreter, which weighs their argument first
-_STR = ["split", "rsplit", "splitlines", "startswith", "endswith", "upper", "lower", "strip",
-        "lstrip", "rstrip", "find", "rfind", "rindex", "partition", "rpartition", "isdigit",
-        "isalpha", "isalnum", "isspace", "count", "index"]  # not format, replace, encode...
-_SET = ["union", "intersection", "difference", "symmetric_difference", "issubset",
-        "issuperset", "isdisjoint", "copy"]
-_METHODS: dict[type, dict[str, Callable[..., Any]]] = {
-    t: {n: getattr(t, n) for n in names} for t, names in [
-        (str, _STR), (bytes, _STR), (list, ["count", "index", "copy"]),
-        (tuple, ["count", "index"]), (dict, ["keys", "values", "items", "get", "copy"]),
-        (set, _SET), (frozenset, _SET)]
-}
-_METHODS[str]["join"] = _METHODS[bytes]["join"] = _join
-_ATTRS = frozenset().union(
-    *_METHODS.values(), *(v.ALLOWED for v in (ReadOnlyMap, QueueStat, Flag, StateView)))
 
 
 # -- the interpreter ---------------------------------------------------------
@@ -138,21 +72,6 @@ _UNCOUNTED = frozenset({ast.Load, ast.And, ast.Or, *_BINOPS, *_UNARY, *_COMPARE}
 _CONSTANTS = (int, float, str, bytes, bool, type(None))
 _SUBSCRIPTABLE = (list, tuple, str, bytes, dict, range, ReadOnlyMap)
 _CONTAINERS = (list, tuple, set, frozenset, dict)
-
-
-class _Method:
-    """A whitelisted method bound to its object: the only attributes code can call."""
-
-    __slots__ = ("fn", "obj")
-
-    def __init__(self, fn: Callable[..., Any], obj: Any) -> None:
-        self.fn, self.obj = fn, obj
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self.fn(self.obj, *args, **kwargs)
-
-    def __repr__(self) -> str:
-        return f"<method {self.fn.__name__}>"
 
 
 class _Lambda:
@@ -187,7 +106,7 @@ class _Interpreter:
     def __init__(self, names: Mapping[str, object]) -> None:
         self.work = self.calls = self.nodes = 0
         self.deadline = monotonic() + MAX_SECONDS
-        builtins = {**_BUILTINS, "str": self.weighed(str), "repr": self.weighed(repr)}
+        builtins = {**BUILTINS, "str": self.weighed(str), "repr": self.weighed(repr)}
         self.callables = frozenset(id(f) for f in builtins.values())
         self.scope: Scope = {**builtins, **names}
         self.handlers = {kind: getattr(self, "_" + kind.__name__) for kind in _EXPRS | {
@@ -211,7 +130,7 @@ class _Interpreter:
             raise EvalError("expression too big")
         if kind is ast.Name and node.id not in bound and node.id not in self.scope:
             raise EvalError(f"name {node.id!r} is not defined")
-        if kind is ast.Attribute and (node.attr.startswith("_") or node.attr not in _ATTRS):
+        if kind is ast.Attribute and (node.attr.startswith("_") or node.attr not in ATTRS):
             raise EvalError(f"attribute {node.attr!r} is not allowed")
         if kind is ast.Constant and (type(node.value) not in _CONSTANTS or (
                 type(node.value) is int and node.value.bit_length() > MAX_INT_BITS)):
@@ -311,15 +230,15 @@ class _Interpreter:
         obj, name = self.eval(node.value, scope), node.attr
         if isinstance(obj, View) and name in type(obj).ALLOWED and name[0] != "_":
             attr = getattr(type(obj), name, None)
-            return _Method(attr, obj) if callable(attr) else getattr(obj, name)
-        method = _METHODS.get(type(obj), {}).get(name)
+            return Method(attr, obj) if callable(attr) else getattr(obj, name)
+        method = METHODS.get(type(obj), {}).get(name)
         if method is None:
             raise EvalError(f"{type(obj).__name__} has no allowed attribute {name!r}")
-        return _Method(method, obj)
+        return Method(method, obj)
 
     def _Call(self, node: ast.Call, scope: Scope) -> Any:
         func = self.eval(node.func, scope)
-        if not (isinstance(func, (_Method, _Lambda)) or id(func) in self.callables):
+        if not (isinstance(func, (Method, _Lambda)) or id(func) in self.callables):
             raise EvalError(f"{type(func).__name__} object is not callable")
         args = [self.eval(a, scope) for a in node.args]
         kwargs = {k.arg: self.eval(k.value, scope) for k in node.keywords}
@@ -338,7 +257,7 @@ class _Interpreter:
                     left.bit_length() + right.bit_length() > MAX_INT_BITS):
                 raise EvalError("integer too big")
         elif op is ast.Pow:
-            if type(left) not in _NUMBERS or type(right) not in _NUMBERS:
+            if type(left) not in NUMBERS or type(right) not in NUMBERS:
                 raise EvalError("** takes numbers only")
             if isinstance(left, int) and isinstance(right, int) and abs(left) > 1 and (
                     right > 0 and left.bit_length() * right > MAX_INT_BITS):
