@@ -86,8 +86,8 @@ class RequestFrames:
         if cached is None or cached[0] is not fields:
             cached = self._remember(fields)
         msgid, body = message.id, message.body
-        return (_REQUEST_HEAD + zmtp.more_header(len(msgid)) + msgid + cached[1]
-                + zmtp.last_header(len(body)) + body)
+        return b"".join((_REQUEST_HEAD, zmtp.more_header(len(msgid)), msgid, cached[1],
+                         zmtp.last_header(len(body)), body))
 
     def _remember(self, fields: dict[str, str]) -> tuple[dict[str, str], bytes]:
         """The queue and headers frames of ``fields``, each with MORE, kept with it."""

@@ -232,9 +232,10 @@ class EMQPService:
             self._ack_call.cancel()
         self._ack_call = None
         acks, self._acks = self._acks, []
+        ack = self.broker.ack
         for consumer, msgid in acks:
             if consumer.active:
-                self.broker.ack(consumer, msgid)
+                ack(consumer, msgid)
 
     def _unreachable(self, worker: Worker) -> None:
         try:
