@@ -284,6 +284,13 @@ def test_encode_message_matches_frame_by_frame_encoding():
 
 
 _LEADS = [[b"", b"eMQP/1.0", b"REQUEST"], [b"", b"eMQP/1.0", b"READY"], [b"", b"x" * 300, b"y"]]
+_REPEATS = [
+    [b"", b"eMQP/1.0", b"READY", b"r"],
+    [b"", b"eMQP/1.0", b"READY", b"r", b""],
+    [b"", b"eMQP/1.0", b"READY", b"r2"],
+    [b"", b"eMQP/1.0", b"READY", b"r" * 20],
+    [b"", b"eMQP/1.0", b"READY"],
+]
 
 
 @settings(max_examples=300, deadline=None)
@@ -295,6 +302,8 @@ _LEADS = [[b"", b"eMQP/1.0", b"REQUEST"], [b"", b"eMQP/1.0", b"READY"], [b"", b"
                       st.lists(st.binary(max_size=40), max_size=4)),
             st.lists(st.binary(max_size=40), min_size=1, max_size=5),
             st.binary(max_size=20).map(lambda data: codec.ping_command(0, data)),
+            # messages that repeat whole (the bench's READY), or all but their end
+            st.sampled_from(_REPEATS),
         ),
         max_size=12,
     ),
@@ -343,3 +352,17 @@ def test_a_command_inside_a_message_is_never_taken_as_part_of_a_lead():
     frames = [b"", b"v", b"cmd", b"1"]
     assert decoder.feed(with_ping + with_ping) == [ping_body, frames, ping_body, frames]
     assert decoder.feed(message + with_ping + message) == [frames, ping_body, frames, frames]
+
+
+def test_a_message_that_repeats_whole_is_a_list_of_its_own():
+    ready = [b"", b"eMQP/1.0", b"READY", b"r"]
+    decoder = MessageDecoder(1000, 64)
+    got = decoder.feed(codec.encode_message(ready) * 4)
+    assert got == [ready] * 4
+    assert len({id(frames) for frames in got}) == 4  # a handler may keep or change its list
+    ping = codec.ping_command()
+    inside = codec.encode_message(ready)[:-3] + ping + codec.encode_message(ready)[-3:]
+    ping_body = frames_of(ping)[0][1]
+    assert decoder.feed(inside + codec.encode_message(ready)) == [ping_body, ready, ready]
+    # a command inside is never remembered as part of a message
+    assert decoder.feed(inside * 3) == [ping_body, ready] * 3
