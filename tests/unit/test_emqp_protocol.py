@@ -753,15 +753,19 @@ class DurableNow:
 
 
 SMALL = Limits(max_name=8, max_id=6, max_headers=2)
-_REQUESTISH = st.one_of(st.just([b"", V, codec.REQUEST, b"m1", b"q", b"", b"x"]), st.tuples(
-    st.sampled_from([b"", b"", b"", b"x"]),
-    st.sampled_from([codec.REQUEST, codec.REQUEST, b"request", codec.HEARTBEAT, codec.KBYE]),
-    st.sampled_from([b"m1", b"m2", b"", b"m\n", b"m" * 7]),
-    st.sampled_from([b"default", b"q", b"", b"q\x00", b"q" * 9]),
-    st.sampled_from([b"", b"", b"guarantee", b"timeout:x", b"a,b,c", b"reply-requested"]),
-    st.binary(max_size=3),
-    st.sampled_from([7, 7, 7, 4, 5, 6, 8]),  # frames
-).map(lambda t: [t[0], V, t[1], t[2], t[3], t[4], t[5], b"extra"][: t[6]]))
+_REQUESTISH = st.one_of(
+    st.just([b"", V, codec.REQUEST, b"m1", b"q", b"", b"x"]),
+    st.just([b"", V, codec.INFORM, b"i", b"", codec.SCHEDULER]),  # answered ACK in between
+    st.tuples(
+        st.sampled_from([b"", b"", b"", b"x"]),
+        st.sampled_from([codec.REQUEST, codec.REQUEST, b"request", codec.HEARTBEAT, codec.KBYE]),
+        st.sampled_from([b"m1", b"m2", b"", b"m\n", b"m" * 7]),
+        st.sampled_from([b"default", b"q", b"", b"q\x00", b"q" * 9]),
+        st.sampled_from([b"", b"", b"guarantee", b"timeout:x", b"a,b,c", b"reply-requested"]),
+        st.binary(max_size=3),
+        st.sampled_from([7, 7, 7, 4, 5, 6, 8]),  # frames
+    ).map(lambda t: [t[0], V, t[1], t[2], t[3], t[4], t[5], b"extra"][: t[6]]),
+)
 
 
 @settings(max_examples=150, deadline=None)

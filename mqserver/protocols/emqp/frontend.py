@@ -63,31 +63,49 @@ class FrontendHandler(EndpointHandler):
         schedulers, publish = service.schedulers, service.publish_request
         answer_now = service.broker.writer is None
         publishing = connection.publisher
-        for frames in messages:
-            if len(frames) != 7 or frames[0] or frames[2] != REQUEST:
-                self.message_received(router, identity, frames)
-                continue
-            _, _, _, msgid, queue, headers, payload = frames
-            try:
-                check_id(msgid, "msgid", EMQPError)
-                if schedulers:  # liveness, recorded as message_received does
-                    self._seen(identity)
-                if (queue, headers) not in valid_jobs:
-                    self._check_job(queue, headers)
-                if not publishing:
-                    self._publishing(identity)
-                    publishing = True
-                publish(queue, headers, payload, msgid, identity)
-            except EMQPError:
-                self.message_received(router, identity, frames)
-                continue
-            except QueueFullError as e:
-                self._refuse(identity, codec.Envelope(REQUEST, msgid, frames[4:]), e)
-                continue
-            if answer_now:
-                connection.write(encode_reply(msgid))
-            else:
-                self._when_stored(identity, encode_reply(msgid))
+        replies: list[bytes] = []  # REPLYs that go out together, before anything else
+        try:
+            for frames in messages:
+                if len(frames) != 7 or frames[0] or frames[2] != REQUEST:
+                    self._long_way(router, identity, frames, replies)
+                    continue
+                _, _, _, msgid, queue, headers, payload = frames
+                try:
+                    check_id(msgid, "msgid", EMQPError)
+                    if schedulers:  # liveness, recorded as message_received does
+                        self._seen(identity)
+                    if (queue, headers) not in valid_jobs:
+                        self._check_job(queue, headers)
+                    if not publishing:
+                        self._publishing(identity)
+                        publishing = True
+                    publish(queue, headers, payload, msgid, identity)
+                except EMQPError:
+                    self._long_way(router, identity, frames, replies)
+                    continue
+                except QueueFullError as e:
+                    self._send_replies(identity, replies)
+                    self._refuse(identity, codec.Envelope(REQUEST, msgid, frames[4:]), e)
+                    continue
+                if answer_now:
+                    replies.append(encode_reply(msgid))
+                else:
+                    self._when_stored(identity, encode_reply(msgid))
+        finally:
+            self._send_replies(identity, replies)
+
+    def _long_way(
+        self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes],
+        replies: list[bytes],
+    ) -> None:
+        """``message_received``, after the REPLYs held so far (answers keep their order)."""
+        self._send_replies(identity, replies)
+        self.message_received(router, identity, frames)
+
+    def _send_replies(self, identity: bytes, replies: list[bytes]) -> None:
+        if replies:
+            self._send_encoded(identity, b"".join(replies))
+            replies.clear()
 
     def message_received(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes]
