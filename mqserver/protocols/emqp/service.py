@@ -31,7 +31,7 @@ from mqserver.broker.queue import Consumer
 from mqserver.limits import Limits
 from mqserver.model import Message
 from mqserver.protocols.emqp import codec
-from mqserver.protocols.emqp.codec import REPLY
+from mqserver.protocols.emqp.codec import DEFAULT_QUEUE, REPLY
 from mqserver.protocols.emqp.drain import Drain, close_all, say_goodbye
 from mqserver.protocols.emqp.fields import (
     H_CLIENT,
@@ -133,11 +133,6 @@ class EMQPService:
 
     # -- requests -----------------------------------------------------------
 
-    def known_queue(self, name: bytes) -> bool:
-        """A queue someone consumes or that holds waiting requests; others go to default."""
-        queue = self.broker.queues.get(name)
-        return queue is not None and bool(queue.consumers or queue.ready)
-
     def publish_request(
         self, queue: bytes, header_frame: bytes, payload: bytes, msgid: bytes,
         client: bytes | None,
@@ -156,7 +151,9 @@ class EMQPService:
             if len(self._fields) >= 1024:
                 self._fields.clear()
             self._fields[key] = fields
-        target = queue if self.known_queue(queue) else codec.DEFAULT_QUEUE
+        # a queue someone consumes or that holds waiting requests; others go to default
+        known = self.broker.queues.get(queue)
+        target = queue if known is not None and (known.consumers or known.ready) else DEFAULT_QUEUE
         if target != queue:
             log.info(
                 "emqp: no worker knows queue {queue!r}; request {msgid!r} goes to default",
@@ -204,14 +201,15 @@ class EMQPService:
 
     def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> None:
         """Called by the core's dispatch: forward now, never call back into the broker."""
-        try:
-            self.backend.send_encoded(worker.identity, self._request_frames(message))
-        except UnroutableError:
+        # backend.send_encoded, without its call
+        connection = self.backend.peers.get(worker.identity)
+        if connection is None:  # unroutable: the worker is gone
             worker.undelivered.append(message)
             if not worker.gone:
                 worker.gone = True
                 self.clock.callLater(0, self._unreachable, worker)
             return
+        connection.write(self._request_frames(message))
         worker.processed += 1
         fields = message.headers
         if fields and H_TRACK in fields:
