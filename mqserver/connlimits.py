@@ -83,6 +83,11 @@ class GuardedProtocol(ProtocolWrapper, TimeoutMixin):
     def makeConnection(self, transport: Any) -> None:
         self.callLater = self.factory.clock.callLater
         self.setTimeout(self.factory.idle_timeout)
+        # a broker's writes are small answers and deliveries, already joined
+        # per received chunk: none should wait for the peer's delayed ACK
+        set_no_delay = getattr(transport, "setTcpNoDelay", None)
+        if set_no_delay is not None:
+            set_no_delay(True)
         super().makeConnection(transport)
 
     def dataReceived(self, data: bytes) -> None:

@@ -92,3 +92,22 @@ def test_no_idle_timeout_by_default():
     assert not clock.getDelayedCalls()
     clock.advance(10**6)
     assert not transport.disconnecting
+
+
+class TCPLikeTransport(StringTransport):
+    """A transport with ITCPTransport's Nagle switch."""
+
+    no_delay = False
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        self.no_delay = enabled
+
+
+def test_accepted_tcp_connections_do_not_wait_for_delayed_acks():
+    factory = echo_factory(ConnectionLimits(), Clock())
+    protocol = factory.buildProtocol(IPv4Address("TCP", "10.0.0.1", 4000))
+    transport = TCPLikeTransport()
+    protocol.makeConnection(transport)
+    assert transport.no_delay is True
+    protocol.dataReceived(b"ping")
+    assert transport.value() == b"ping"
