@@ -43,15 +43,17 @@ def acked(n: int, t: float) -> tuple[Any, ...]:
             None, None, None)
 
 
-def events(first: int, count: int) -> list[tuple[Any, ...]]:
-    return [e for n in range(first, first + count) for e in (published(n, T0 + n), acked(n, T0 + n))]
+def events(first: int, count: int) -> list[Any]:
+    """Messages ``first``.. published and acked, as one flat batch (what the broker hands over)."""
+    return [value for n in range(first, first + count)
+            for event in (published(n, T0 + n), acked(n, T0 + n)) for value in event]
 
 
 def writer(directory: Path, node: str) -> SegmentWriter:
     return SegmentWriter(str(directory), node, lambda: T0, bodies=True)
 
 
-def write_sealed(w: SegmentWriter, batch: list[tuple[Any, ...]]) -> str:
+def write_sealed(w: SegmentWriter, batch: list[Any]) -> str:
     """Write ``batch`` as one sealed segment; its path."""
     w.write(batch)
     assert w._path.endswith(".open")
