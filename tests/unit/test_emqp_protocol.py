@@ -713,7 +713,7 @@ def test_clients_that_publish_are_paused_by_the_memory_alarm(h):
 def _long_way(h: Harness, router) -> None:
     """Make ``router``'s handler take every message one at a time (``message_received``)."""
     handler = router.handler
-    handler.messages_received = partial(EndpointHandler.messages_received, handler)
+    handler.handle_run = partial(EndpointHandler.handle_run, handler)
 
 
 def _outcome(h: Harness, peer: Peer, chunk: bytes) -> tuple:

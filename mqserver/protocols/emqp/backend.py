@@ -36,8 +36,8 @@ class BackendHandler(EndpointHandler):
             codec.ACK: self._heartbeat,
         }
 
-    # RouterHandler
-    def messages_received(
+    # a run of messages (see EndpointHandler.messages_received), then each one
+    def handle_run(
         self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
     ) -> None:
         """Count a known worker's READYs (4 frames, the first empty, ``READY`` in

@@ -29,8 +29,20 @@ class EndpointHandler:
     def messages_received(
         self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
     ) -> None:
-        """RouterHandler: one message at a time (frontend and backend take their
-        common messages faster)."""
+        """RouterHandler: the run (``handle_run``), then what it made ready is
+        dispatched at once (``broker.pump_now``) instead of at the next turn,
+        so a worker's READYs get their requests in the write that ends the chunk."""
+        broker = self.service.broker
+        broker.hold_pump()
+        try:
+            self.handle_run(router, identity, messages)
+        finally:
+            broker.pump_now()
+
+    def handle_run(
+        self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
+    ) -> None:
+        """One message at a time (frontend and backend take their common ones faster)."""
         for frames in messages:
             self.message_received(router, identity, frames)
 

@@ -46,8 +46,8 @@ class FrontendHandler(EndpointHandler):
         # same ones again and again, and the limits never change
         self._valid_jobs: set[tuple[bytes, bytes]] = set()
 
-    # RouterHandler
-    def messages_received(
+    # a run of messages (see EndpointHandler.messages_received), then each one
+    def handle_run(
         self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
     ) -> None:
         """Take the common REQUEST (7 frames, the first empty, ``REQUEST`` in
@@ -57,7 +57,7 @@ class FrontendHandler(EndpointHandler):
         service = self.service
         connection = service.frontend.peers.get(identity)
         if service.draining or connection is None:  # everything is refused, with a log line
-            super().messages_received(router, identity, messages)
+            super().handle_run(router, identity, messages)
             return
         check_id, valid_jobs = service.limits.check_id, self._valid_jobs
         schedulers, publish = service.schedulers, service.publish_request
