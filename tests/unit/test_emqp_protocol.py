@@ -847,3 +847,17 @@ def test_the_ready_fast_path_agrees_with_the_long_way(messages, known, draining)
         registered = h.service.workers.get(b"w1")
         outcomes.append((outcome, registered and (registered.slots.free, registered.last_seen)))
     assert outcomes[0] == outcomes[1]
+
+
+def test_readies_get_their_requests_in_the_write_that_ends_the_chunk(h):
+    client = h.client()
+    for n in range(3):
+        request(client, b"r%d" % n)
+    worker = h.worker()
+    writes = []
+    worker.transport.write = writes.append  # what one dataReceived writes, before any timer
+    ready = zmtp.encode_message([b"", V, codec.READY, b"r"])
+    worker.protocol.dataReceived(ready * 2)
+    [data] = writes
+    delivered = zmtp.MessageDecoder(2**20, 64).feed(data)
+    assert [m[3] for m in delivered] == [b"r0", b"r1"]
