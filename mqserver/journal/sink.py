@@ -39,6 +39,11 @@ MAX_AGE = 5.0
 """Seconds the oldest held batch may wait under a load that never pauses."""
 MAX_BYTES = 256 * 1024 * 1024
 """Held marshal bytes (about two million W1 messages) that are encoded at once."""
+MAX_WAITING = 256
+"""Batches read but not yet taken by the encoder (about 50 s of the broker's
+flushes).  Past it this process stops reading: the batches wait in the
+broker, whose memory alarm (``--memory-high-watermark``) sees them and stops
+publishers if they pile up, where here nothing would."""
 
 
 MARSHAL_VERSION = 2
@@ -90,7 +95,8 @@ def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
 
 
 def _reader(stream: BinaryIO, batches: queue.Queue[bytes | None]) -> None:
-    """Drain stdin into memory as fast as it comes, so the broker never buffers."""
+    """Drain stdin into ``batches`` as fast as it comes, so the broker does not
+    buffer, until ``batches`` is full (see ``MAX_WAITING``)."""
     try:
         while True:
             header = _read_exactly(stream, HEADER.size)
@@ -115,13 +121,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     # Encoding is the costly part of journaling; at the lowest priority it
     # takes only CPU the broker leaves idle and catches up after a burst
-    # (input waits in this process's memory, never in the broker's)
+    # (input waits in this process's memory, up to MAX_WAITING batches)
     os.nice(19)
     writer = SegmentWriter(args.directory, args.node, time.time, args.bodies,
                            args.segment_bytes, args.segment_seconds)
     for path in writer.recovered:
         print(f"journal: sealed {path} left open by an earlier run", file=sys.stderr)
-    batches: queue.Queue[bytes | None] = queue.Queue()
+    batches: queue.Queue[bytes | None] = queue.Queue(MAX_WAITING)
     threading.Thread(target=_reader, args=(sys.stdin.buffer, batches), daemon=True).start()
     pile = Pile(time.monotonic)
 

@@ -78,3 +78,26 @@ def test_batches_cross_as_marshal_version_2_and_come_back_equal():
     (size,) = HEADER.unpack(data[:HEADER.size])
     assert MARSHAL_VERSION == 2 and marshal.loads(data[HEADER.size:]) == values
     assert size == len(data) - HEADER.size
+
+
+def test_the_reader_stops_reading_while_the_encoder_is_behind():
+    import io
+    import queue
+    import threading
+
+    from mqserver.journal.sink import _reader
+
+    stream = io.BytesIO(b"".join(part for n in range(5) for part in frame([n])))
+    batches: queue.Queue[bytes | None] = queue.Queue(2)
+    reader = threading.Thread(target=_reader, args=(stream, batches), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + 30
+    while not batches.full() and time.monotonic() < deadline:
+        time.sleep(0.01)  # the reader thread fills the queue
+    reader.join(0.2)
+    assert reader.is_alive() and batches.full()  # waiting with the third batch read
+    frame_size = len(b"".join(frame([0])))
+    assert stream.tell() == 3 * frame_size  # the last two are still unread
+    got = [batches.get() for _ in range(6)]
+    reader.join(30)
+    assert [marshal.loads(p) for p in got[:5]] == [[n] for n in range(5)] and got[5] is None
