@@ -9,6 +9,7 @@ multipart messages), its batched writes and its backpressure.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from operator import length_hint
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.defer import Deferred, succeed
@@ -222,10 +223,13 @@ class ZMTPConnection(TwistedProtocol):
 
     def _deliver(self, identity: bytes, run: list[list[bytes]]) -> None:
         """``messages_received`` for ``run``: a handler error costs only the message
-        that raised it (logged), as the same iterator goes on after it."""
+        that raised it (logged), as the same iterator goes on after it; one
+        that raised before taking a message would again, so the run ends."""
         factory = self.factory
-        messages = self._while_open(run)
+        left = iter(run)
+        messages = self._while_open(left)
         while True:
+            before = length_hint(left)
             try:
                 factory.handler.messages_received(factory, identity, messages)
                 return
@@ -234,8 +238,10 @@ class ZMTPConnection(TwistedProtocol):
                     "{name}: handling a message from {identity} failed",
                     name=factory.name, identity=describe(identity),
                 )
+            if length_hint(left) == before:
+                return
 
-    def _while_open(self, run: list[list[bytes]]) -> Iterator[list[bytes]]:
+    def _while_open(self, run: Iterator[list[bytes]]) -> Iterator[list[bytes]]:
         """``run`` until the handler closes the connection: what follows is dropped."""
         for frames in run:
             if self._state == _CLOSED:

@@ -259,6 +259,21 @@ def test_a_handler_error_costs_only_the_message_that_raised(router, handler):
     assert not peer.transport.disconnecting
 
 
+def test_a_handler_that_fails_before_taking_a_message_loses_only_that_run(router, handler):
+    calls = []
+
+    def broken(router, identity, messages):
+        calls.append(identity)
+        raise RuntimeError("handler bug")
+
+    handler.messages_received = broken
+    peer = handshake(router, b"b")
+    peer.send(codec.encode_message([b"1"]) + codec.ping_command(0, b"p")
+              + codec.encode_message([b"2"]))
+    assert calls == [b"b", b"b"]  # once per run, no endless retry
+    assert [name for name, _ in peer.commands()] == [b"READY", b"PONG"]
+
+
 def test_messages_after_the_handler_closes_the_connection_are_dropped(router, handler):
     def closing(router, identity, frames):
         handler.events.append(("message", identity, frames))
