@@ -23,6 +23,7 @@ from zope.interface import implementer
 from mqserver.interfaces import IFlowControlled
 from mqserver.zmtp import codec
 from mqserver.zmtp.codec import COMMAND, ZMTPError, describe
+from mqserver.zmtp.decoder import MessageDecoder
 
 if TYPE_CHECKING:
     from mqserver.zmtp.router import ZMTPRouterFactory
@@ -56,7 +57,7 @@ class ZMTPConnection(TwistedProtocol):
         self.version = (3, 0)
         self._state = _GREETING
         self._greeting = b""
-        self._decoder = codec.MessageDecoder(factory.max_message_size, factory.max_frames)
+        self._decoder = MessageDecoder(factory.max_message_size, factory.max_frames)
         self._lost = False
         self._waiters: list[Deferred[None]] = []
         self._handshake_timer: Any = None

@@ -12,6 +12,7 @@ import socket
 
 from mqserver.protocols.phpmq import codec as phpmq
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.decoder import MessageDecoder
 
 LISTEN = "tcp:0:interface=127.0.0.1"
 EID = re.compile(rb"^c2 error \d{20}[0-9a-zA-Z]{4}$")
@@ -54,7 +55,7 @@ def test_emqp_max_frames_sends_a_zmtp_error_then_closes(start_server):
     sock.sendall(zmtp.encode_message([b""] * 5))
     data = _closed(sock)
     sock.close()
-    decoded = zmtp.MessageDecoder(1 << 20, 64).feed(data[zmtp.GREETING_SIZE:])
+    decoded = MessageDecoder(1 << 20, 64).feed(data[zmtp.GREETING_SIZE:])
     commands = [zmtp.parse_command(body) for body in decoded if isinstance(body, bytes)]
     assert [name for name, _ in commands] == [b"READY", b"ERROR"]
     assert b"more than 4 frames" in commands[1][1]

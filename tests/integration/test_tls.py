@@ -27,6 +27,7 @@ from cryptography.x509.oid import NameOID
 
 from mqserver.protocols.phpmq import codec as phpmq
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.decoder import MessageDecoder
 
 TOKEN = "tls-token"
 
@@ -127,7 +128,7 @@ def test_mqks_and_phpmq_over_tls(tls_server):
 
 
 def _zmtp_messages(data: bytes) -> list[list[bytes]]:
-    decoded = zmtp.MessageDecoder(2**20, 64).feed(data[zmtp.GREETING_SIZE:])
+    decoded = MessageDecoder(2**20, 64).feed(data[zmtp.GREETING_SIZE:])
     return [item for item in decoded if isinstance(item, list)]
 
 

@@ -25,6 +25,7 @@ from mqserver.web import fields
 from mqserver.web.router import APIError
 from mqserver.zmtp import codec as zmtp
 from mqserver.zmtp.codec import ZMTPError
+from mqserver.zmtp.decoder import MessageDecoder
 
 # an MQKS token: no space or line break, and not a flag
 token = st.binary(min_size=1, max_size=12).filter(
@@ -84,7 +85,7 @@ names = st.binary(min_size=1, max_size=255)
 @given(names, st.binary(max_size=300))
 def test_zmtp_commands_round_trip(name, data):
     # a command comes out of the decoder as its bytes body, a message as a list
-    [body] = zmtp.MessageDecoder(1 << 20, 64).feed(zmtp.encode_command(name, data))
+    [body] = MessageDecoder(1 << 20, 64).feed(zmtp.encode_command(name, data))
     assert isinstance(body, bytes)
     assert zmtp.parse_command(body) == (name, data)
 

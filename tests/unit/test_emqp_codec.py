@@ -14,6 +14,7 @@ from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.emqp.fields import RequestFrames, request_frames
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.decoder import MessageDecoder
 
 RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
                           "class_args": [], "class_kwargs": {}}]).encode()
@@ -153,7 +154,6 @@ def test_msgids_are_the_counter_in_hex_across_blocks(start, count):
 
 
 def test_encode_is_the_zmtp_encoding_of_message():
-    from mqserver.zmtp import codec as zmtp
 
     for command, msgid, body in [(codec.REPLY, b"m1", ()), (codec.ACK, b"", ()),
                                  (codec.REQUEST, b"i" * 300, (b"q", b"", b"p" * 256))]:
@@ -164,7 +164,7 @@ def test_encode_is_the_zmtp_encoding_of_message():
 @given(st.binary(max_size=300))
 def test_encode_reply_is_encode_of_a_reply_with_a_fresh_msgid(request_msgid):
     answer = codec.encode_reply(request_msgid)
-    [frames] = zmtp.MessageDecoder(2**20, 16).feed(answer)
+    [frames] = MessageDecoder(2**20, 16).feed(answer)
     assert frames[:3] == [b"", codec.VERSION, codec.REPLY] and frames[4:] == [request_msgid]
     assert answer == codec.encode(codec.REPLY, frames[3], request_msgid)
     assert len(frames[3]) == 36

@@ -25,6 +25,7 @@ from mqserver.protocols.emqp.service import EMQPService
 from mqserver.storage.memory import MemoryStore
 from mqserver.testing import RecordingSink
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.decoder import MessageDecoder
 
 V = b"eMQP/1.0"
 RUN = json.dumps(["run", {"callable": "add", "path": "jobs", "args": [1, 2], "kwargs": {},
@@ -43,7 +44,7 @@ class Peer:
         greeting = zmtp.greeting(0)
         self.protocol.dataReceived(greeting + zmtp.ready_command(b"DEALER", identity))
         self.identity = self.protocol.identity
-        self.decoder = zmtp.MessageDecoder(2**24, 1024)
+        self.decoder = MessageDecoder(2**24, 1024)
         self.transport.clear()
 
     def send(self, command: bytes, *body: bytes, msgid: bytes = b"mid") -> None:
@@ -859,5 +860,5 @@ def test_readies_get_their_requests_in_the_write_that_ends_the_chunk(h):
     ready = zmtp.encode_message([b"", V, codec.READY, b"r"])
     worker.protocol.dataReceived(ready * 2)
     [data] = writes
-    delivered = zmtp.MessageDecoder(2**20, 64).feed(data)
+    delivered = MessageDecoder(2**20, 64).feed(data)
     assert [m[3] for m in delivered] == [b"r0", b"r1"]

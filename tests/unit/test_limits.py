@@ -26,6 +26,7 @@ from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.protocols.phpmq import codec as phpmq_codec
 from mqserver.storage.memory import MemoryStore
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.decoder import MessageDecoder
 from mqserver.zmtp.router import ZMTPRouterFactory
 
 SMALL = Limits(max_name=8, max_id=6, max_headers=2)
@@ -191,7 +192,7 @@ def _zmtp_peer(router: ZMTPRouterFactory, minor: int) -> tuple[object, StringTra
 
 
 def _commands(transport: StringTransport) -> list[tuple[bytes, bytes]]:
-    decoded = zmtp.MessageDecoder(2**20, 64).feed(transport.value())
+    decoded = MessageDecoder(2**20, 64).feed(transport.value())
     return [zmtp.parse_command(body) for body in decoded if isinstance(body, bytes)]
 
 

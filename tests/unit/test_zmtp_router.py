@@ -8,8 +8,9 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from mqserver.zmtp import codec
-from mqserver.zmtp.codec import COMMAND, MessageDecoder, describe
+from mqserver.zmtp.codec import COMMAND, describe
 from mqserver.zmtp.connection import FLUSH_AT
+from mqserver.zmtp.decoder import MessageDecoder
 from mqserver.zmtp.router import UnroutableError, ZMTPRouterFactory
 
 
