@@ -256,10 +256,8 @@ class Encoder:
         line += f"{quote(event)}{fields}"
         if message_id is not None:
             line += self._message(message_id, publish_ts, count, size, expires_at)
-            if event == PUBLISHED:
-                line += self._extras(headers, extra)
-            elif headers:
-                line += self._extras(headers, None)
+            # only a published record's extra is a body (the others' is a consumer key)
+            line += self._extras(headers, extra if event == PUBLISHED else None)
         if reason is not None:
             line += f',"reason":{quote(_text(reason))}'
         return i + EVENT_WIDTH, line + "}\n"
