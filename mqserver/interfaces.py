@@ -116,6 +116,12 @@ class IDeliverySink(Interface):
 
         Called synchronously by the broker's dispatch loop; must not call back
         into the broker.
+
+        :return: True if this delivery needs no ack from the client (eMQP's
+            untracked requests: the protocol has no way to settle them
+            later): a manual-ack consumer's delivery is then acked at once,
+            by the dispatch loop.  Anything else (None) leaves it to the
+            consumer's ack mode.
         """
 
     def queue_changed(consumer):

@@ -40,17 +40,23 @@ from mqserver.model import (
 
 @implementer(IDeliverySink)
 class RecordingSink:
-    """An ``IDeliverySink`` that remembers what the broker handed it."""
+    """An ``IDeliverySink`` that remembers what the broker handed it.
 
-    def __init__(self) -> None:
+    ``settled_on_send``: what ``deliver`` answers, as a protocol whose
+    deliveries need no ack (eMQP's untracked requests) does.
+    """
+
+    def __init__(self, settled_on_send: bool = False) -> None:
         self.delivered: list[tuple[Any, Message]] = []
         # (id, retry) as they were at delivery: the broker reuses Message objects
         self.seen: list[tuple[bytes, int]] = []
         self.updates: list[Any] = []
+        self.settled_on_send = settled_on_send
 
-    def deliver(self, consumer: Any, message: Message) -> None:
+    def deliver(self, consumer: Any, message: Message) -> bool:
         self.delivered.append((consumer, message))
         self.seen.append((message.id, message.retry))
+        return self.settled_on_send
 
     def queue_changed(self, consumer: Any) -> None:
         self.updates.append(consumer)

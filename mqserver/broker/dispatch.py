@@ -63,7 +63,8 @@ def hand_over(
                     len(message.body)))
         if not consumer.manual_ack:
             append((tags[SLIM_AUTO_ACKED], now, message.id))
-    consumer.sink.deliver(consumer, message)
+    if consumer.sink.deliver(consumer, message) and consumer.manual_ack:
+        broker.settle_sent(consumer, message, now)
     return DELIVERED
 
 
@@ -106,40 +107,57 @@ def round_robin(broker: Broker, queue: Queue, now: float) -> bool:
 
 
 def by_priority(broker: Broker, queue: Queue, now: float) -> bool:
+    """The best priority's consumers with credit, round-robin among them.
+
+    The group is worked out again only when it may have changed: a member
+    out of credit (slots are shared by an eMQP worker's consumers, a full
+    transport pauses a connection's) or a consumer held back or let in again.
+    """
     ready = queue.ready
     budget = broker.dispatch_batch
+    turns = queue.rr_by_priority
     sent = 0
     held: set[int] = set()
+    group: list[Consumer] = []
+    priority = 0
     while ready:
         if sent >= budget:
             broker.count_delivered(queue, sent)
             return True
-        consumer = _pick(queue, held)
-        if consumer is None:
-            break
+        if not group:
+            group, priority = _best(queue, held)
+            if not group:
+                break
+        turn = turns.get(priority, 0) % len(group)
+        turns[priority] = turn + 1
+        consumer = group[turn]
         outcome = hand_over(broker, queue, consumer, ready.popleft(), now)
         if outcome == DELIVERED:
             sent += 1
-            held.clear()
+            if held:
+                held.clear()
+                group = []
+            else:
+                for member in group:
+                    if not member.has_credit():
+                        group = []
+                        break
         elif outcome == HELD:
             held.add(id(consumer))
+            group = []
     broker.count_delivered(queue, sent)
     return False
 
 
-def _pick(queue: Queue, skip: set[int]) -> Consumer | None:
-    """The next consumer of the best priority that has credit, round-robin among equals."""
+def _best(queue: Queue, skip: set[int]) -> tuple[list[Consumer], int]:
+    """The consumers of the best priority that have credit, and that priority."""
     best: list[Consumer] = []
-    best_priority = None
+    best_priority = 0
     for consumer in queue.consumers:
         if id(consumer) in skip or not consumer.has_credit():
             continue
-        if best_priority is None or consumer.priority > best_priority:
+        if not best or consumer.priority > best_priority:
             best, best_priority = [consumer], consumer.priority
         elif consumer.priority == best_priority:
             best.append(consumer)
-    if not best:
-        return None
-    turn = queue.rr_by_priority.get(best_priority, 0) % len(best)
-    queue.rr_by_priority[best_priority] = turn + 1
-    return best[turn]
+    return best, best_priority

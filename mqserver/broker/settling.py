@@ -66,6 +66,21 @@ class Settling:
         self._kick(queue)
         return True
 
+    def settle_sent(self, consumer: Consumer, message: Message, now: float) -> None:
+        """Ack a delivery its sink settled as it sent it (``IDeliverySink.deliver``).
+
+        Called by dispatch, so without ``ack``'s kick: the queue's pump is
+        running, and a kick would only schedule one more that finds nothing.
+        """
+        del consumer.unacked[message.id]
+        queue = consumer.queue
+        consumer.acked += 1
+        queue.acked += 1
+        if self.journal is not None:
+            self.journal.append((consumer.tags[SLIM_ACKED], now, message.id))
+        if self.writer is not None:
+            self.writer.add((REMOVE, queue.name, message.seq))
+
     def ack_any(self, queue_name: bytes, message_id: bytes) -> bool:
         """Ack a delivery of ``queue_name`` whichever consumer holds it (PHPMQ 004)."""
         queue = self.queues.get(queue_name)

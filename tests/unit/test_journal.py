@@ -133,6 +133,20 @@ def test_expiry_cancel_and_auto_ack(tmp_path):
                         ("consumer_closed", None, None)]
 
 
+def test_a_delivery_settled_on_send_is_journaled_as_an_ack_at_its_delivery_time(tmp_path):
+    broker, journal, clock = make(tmp_path)
+    conn = broker.connection_opened("emqp", "p", RecordingSink(settled_on_send=True))
+    broker.consume(conn, b"w", b"q")
+    broker.publish_to_queue(b"q", b"m", b"x")
+    clock.advance(0.25)
+    journal.flush()
+    got = [(r["event"], r.get("message_id"), r.get("reason"), r["ts"])
+           for r in records(tmp_path, ".open")]
+    delivered, acked = got[-2:]
+    assert (delivered[:3], acked[:3]) == (("delivered", "m", None), ("acked", "m", None))
+    assert acked[3] == delivered[3]
+
+
 def test_bodies_are_base64_when_asked(tmp_path):
     broker, journal, _ = make(tmp_path, bodies=True)
     broker.publish_to_queue(b"q", b"m", b"\x00\xffbin")

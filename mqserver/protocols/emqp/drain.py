@@ -48,8 +48,7 @@ class Drain:
             self._deadline.cancel()
 
     def check(self) -> None:
-        # untracked requests sent this turn are settled first: they never reply
-        self.service.flush_acks()
+        # untracked requests were settled as they were sent: only tracked ones count
         if not any(worker.in_flight() for worker in self.service.workers.values()):
             self.finish()
 

@@ -44,8 +44,8 @@ class Worker:
         self.removed = False
         self.processed = 0
 
-    def deliver(self, consumer: Consumer, message: Message) -> None:
-        self.service.deliver(self, consumer, message)
+    def deliver(self, consumer: Consumer, message: Message) -> bool:
+        return self.service.deliver(self, consumer, message)
 
     def queue_changed(self, consumer: Consumer) -> None:
         if consumer.queue.deleted:

@@ -96,8 +96,6 @@ class EMQPService:
         self.schedulers: dict[bytes, Peer] = {}
         self.scheduler = ScheduleRunner(broker, self.run_scheduled)
         self._drain: Drain | None = None
-        self._acks: list[tuple[Consumer, bytes]] = []
-        self._ack_call: Any = None
         # (queue, header frame, client) -> the fields of its requests
         self._fields: dict[tuple[bytes, bytes, bytes | None], dict[str, str]] = {}
         self._request_frames = RequestFrames()
@@ -128,8 +126,6 @@ class EMQPService:
             # every peer hears KBYE before its connection closes
             say_goodbye(self)
             close_all(self)
-        if self._ack_call is not None and self._ack_call.active():
-            self._ack_call.cancel()
 
     # -- requests -----------------------------------------------------------
 
@@ -199,8 +195,12 @@ class EMQPService:
         )
         return worker
 
-    def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> None:
-        """Called by the core's dispatch: forward now, never call back into the broker."""
+    def deliver(self, worker: Worker, consumer: Consumer, message: Message) -> bool:
+        """Called by the core's dispatch: forward now, never call back into the broker.
+
+        True (settled as sent) for an untracked request: nothing will ever
+        answer for it, so the core acks it at once.
+        """
         # backend.send_encoded, without its call
         connection = self.backend.peers.get(worker.identity)
         if connection is None:  # unroutable: the worker is gone
@@ -208,32 +208,19 @@ class EMQPService:
             if not worker.gone:
                 worker.gone = True
                 self.clock.callLater(0, self._unreachable, worker)
-            return
+            return False
         connection.write(self._request_frames(message))
         worker.processed += 1
         fields = message.headers
-        if fields and H_TRACK in fields:
-            timeout = fields.get(H_TIMEOUT)
-            if timeout:
-                key = (consumer.queue.name, message.id)
-                worker.timers[key] = self.clock.callLater(
-                    int(timeout), self._timed_out, worker, consumer, message.id
-                )
-        else:
-            self._acks.append((consumer, message.id))
-            if self._ack_call is None:
-                self._ack_call = self.clock.callLater(0, self.flush_acks)
-
-    def flush_acks(self) -> None:
-        """Settle the untracked requests sent so far (normally once per reactor turn)."""
-        if self._ack_call is not None and self._ack_call.active():
-            self._ack_call.cancel()
-        self._ack_call = None
-        acks, self._acks = self._acks, []
-        ack = self.broker.ack
-        for consumer, msgid in acks:
-            if consumer.active:
-                ack(consumer, msgid)
+        if not fields or H_TRACK not in fields:
+            return True
+        timeout = fields.get(H_TIMEOUT)
+        if timeout:
+            key = (consumer.queue.name, message.id)
+            worker.timers[key] = self.clock.callLater(
+                int(timeout), self._timed_out, worker, consumer, message.id
+            )
+        return False
 
     def _unreachable(self, worker: Worker) -> None:
         try:
@@ -254,7 +241,6 @@ class EMQPService:
         worker.removed = True
         if self.workers.get(worker.identity) is worker:
             del self.workers[worker.identity]
-        self.flush_acks()
         for timer in worker.timers.values():
             if timer.active():
                 timer.cancel()
