@@ -32,8 +32,11 @@ class MessageDecoder:
     as soon as its header is in (a peer cannot make us hold 2 GiB by
     announcing it), a message over ``max_message`` bytes on the wire (headers
     included: a flood of empty frames counts too) and a message of more than
-    ``max_frames`` frames.  The first broken rule is kept in ``error`` and
-    ``feed`` returns what came before it, so those are still handled.
+    ``max_frames`` frames.  Short frames are taken in a tight loop and
+    checked where it stops: within the chunk that holds them (so what they
+    cost is bounded by the chunk), before their message is handed on or
+    kept.  The first broken rule is kept in ``error`` and ``feed`` returns
+    what came before it, so those are still handled.
     Bytes of an incomplete frame wait in a list until enough are in to
     finish it (``_need``): a long frame in many chunks costs O(n), not O(n^2).
 
@@ -111,30 +114,53 @@ class MessageDecoder:
         rest, rest_parts = self._rest, self._rest_parts
         lead_size, rest_size = len(lead), len(rest)
         offset, end = 0, len(data)
-        # where this chunk holds the message in progress from its first frame
-        # to its LEAD_FRAMES-th, to remember as the next lead (-1: it does not),
-        # and where its frames after a lead taken start (to remember the rest)
-        first = lead_end = after_lead = -1
+        # where the message in progress starts in this chunk, if all of its
+        # frames are here and contiguous (-1: not), so its first frames can be
+        # remembered as the next lead; and where its frames after a lead taken
+        # start (to remember the rest)
+        first = after_lead = -1
         try:
             while end - offset >= 2:
-                if not parts and lead and data.startswith(lead, offset):
-                    offset += lead_size
-                    if rest and data.startswith(rest, offset):
-                        # the whole message again (the bench's READY, say)
-                        offset += rest_size
-                        out.append(lead_parts + rest_parts)
+                if not parts:
+                    if lead and data.startswith(lead, offset):
+                        offset += lead_size
+                        if rest and data.startswith(rest, offset):
+                            # the whole message again (the bench's READY, say)
+                            offset += rest_size
+                            out.append(lead_parts + rest_parts)
+                            continue
+                        parts, size = lead_parts.copy(), lead_size
+                        after_lead = offset
                         continue
-                    parts, size = lead_parts.copy(), lead_size
-                    after_lead = offset
-                    continue
-                flags = data[offset]
-                if flags <= MORE:
-                    # the common case: a short message frame (0-255 bytes)
+                    first = offset
+                # the common frames, short message frames (0-255 bytes), in a
+                # tight loop; the limits are checked where it stops, before
+                # anything of the message is handed on or kept
+                begin = offset
+                while True:
+                    flags = data[offset]
+                    if flags > MORE:
+                        break
                     start = offset + 2
                     stop = start + data[offset + 1]
                     if stop > end:
                         break
-                else:
+                    parts.append(data[start:stop])
+                    offset = stop
+                    if not flags or end - offset < 2:
+                        break
+                size += offset - begin
+                if size > max_message:
+                    raise TooLargeError(f"message over the {max_message} byte limit")
+                # stopped after the last frame of a message (offset == stop: that
+                # frame was taken), or before a frame it does not take
+                complete = not flags and offset == stop
+                if not complete:
+                    if len(parts) >= max_frames:
+                        raise TooLargeError(f"message of more than {max_frames} frames")
+                    if flags <= MORE:
+                        break  # the chunk ends inside a frame or a frame header
+                    # a long frame or a command, the general way
                     found = _header(data, offset, max_message)
                     if found is None:
                         break
@@ -144,35 +170,33 @@ class MessageDecoder:
                     if flags & COMMAND:
                         out.append(data[start:stop])
                         offset = stop
-                        if parts:  # inside a message: its frames are not contiguous
-                            first = after_lead = -1
+                        # a message around it is not contiguous
+                        first = after_lead = -1
                         continue
-                if not parts:
-                    first = offset
-                size += stop - offset
-                offset = stop
-                if size > max_message:
-                    raise TooLargeError(f"message over the {max_message} byte limit")
-                parts.append(data[start:stop])
-                if flags & MORE:
-                    count = len(parts)
-                    if count >= max_frames:
-                        raise TooLargeError(f"message of more than {max_frames} frames")
-                    if count == LEAD_FRAMES and first >= 0:
-                        lead_end = offset
-                    continue
+                    size += stop - offset
+                    offset = stop
+                    if size > max_message:
+                        raise TooLargeError(f"message over the {max_message} byte limit")
+                    parts.append(data[start:stop])
+                    if flags & MORE:
+                        if len(parts) >= max_frames:
+                            raise TooLargeError(f"message of more than {max_frames} frames")
+                        continue
+                if len(parts) > max_frames:
+                    raise TooLargeError(f"message of more than {max_frames} frames")
                 out.append(parts)
-                if (lead_end > first >= 0 and lead_end - first <= MAX_LEAD
-                        and data[first:lead_end] != lead):
-                    lead, lead_parts = data[first:lead_end], parts[:LEAD_FRAMES]
-                    lead_size = len(lead)
-                    rest, rest_size = b"", 0  # it followed another lead
+                if first >= 0 and len(parts) > LEAD_FRAMES:
+                    lead_end = _frames_end(data, first, LEAD_FRAMES)
+                    if lead_end - first <= MAX_LEAD and data[first:lead_end] != lead:
+                        lead, lead_parts = data[first:lead_end], parts[:LEAD_FRAMES]
+                        lead_size = len(lead)
+                        rest, rest_size = b"", 0  # it followed another lead
                 elif (after_lead >= 0 and offset - after_lead <= MAX_REST
                         and data[after_lead:offset] != rest):
                     rest, rest_parts = data[after_lead:offset], parts[LEAD_FRAMES:]
                     rest_size = len(rest)
                 parts, size = [], 0
-                first = lead_end = after_lead = -1
+                first = after_lead = -1
             # the incomplete frame left, if any: its flags and size are checked now
             found = _header(data, offset, max_message)
         except ZMTPError as e:
@@ -183,6 +207,17 @@ class MessageDecoder:
         self._rest, self._rest_parts = rest, rest_parts
         self._keep(data, offset, found[2] - offset if found else _header_size(data[offset:]))
         return out
+
+
+def _frames_end(data: bytes, offset: int, count: int) -> int:
+    """Where the ``count`` whole frames at ``offset`` end (their headers were checked)."""
+    for _ in range(count):
+        if data[offset] & LONG:
+            (size,) = U64.unpack_from(data, offset + 1)
+            offset += 9 + size
+        else:
+            offset += 2 + data[offset + 1]
+    return offset
 
 
 def _header_size(data: bytes) -> int:
