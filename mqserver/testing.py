@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 from zope.interface.verify import verifyObject
 
@@ -36,6 +37,7 @@ from mqserver.model import (
     QueueOptions,
     Recovered,
 )
+from mqserver.storage.memory import MemoryStore
 
 
 @implementer(IDeliverySink)
@@ -63,6 +65,21 @@ class RecordingSink:
 
     def bodies(self) -> list[bytes]:
         return [message.body for _, message in self.delivered]
+
+
+class DurableMemoryStore(MemoryStore):
+    """A ``MemoryStore`` that says it is durable and keeps every op it is given,
+    in order (``ops``): what a test of the broker's op stream needs."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[Any, ...]] = []
+
+    def apply(self, ops: list[tuple[Any, ...]]) -> Deferred[None]:
+        self.ops.extend(ops)
+        return succeed(None)
 
 
 def message(seq: int, queue: bytes = b"q", body: bytes | None = None, **kw: Any) -> Message:

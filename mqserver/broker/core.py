@@ -23,6 +23,7 @@ from mqserver.broker.bindings import BindingIndex
 from mqserver.broker.dispatch import by_priority, round_robin
 from mqserver.broker.flow import MemoryAlarm
 from mqserver.broker.overflow import Overflow
+from mqserver.broker.publishing import Publishing
 from mqserver.broker.queue import Connection, Queue
 from mqserver.broker.ready import PACK_READY_AFTER
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
@@ -30,19 +31,7 @@ from mqserver.broker.subscriptions import Subscriptions
 from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
-from mqserver.journal.schema import (
-    PUBLISHER_KEY,
-    SLIM_KIND,
-    SLIM_PUBLISHED,
-    SLIM_PUBLISHED_PLAIN,
-)
-from mqserver.model import (
-    DELETE,
-    ENQUEUE,
-    PUT,
-    Message,
-    Recovered,
-)
+from mqserver.model import DELETE, PUT, Message, Recovered
 
 log = Logger()
 
@@ -50,7 +39,7 @@ __all__ = ["KEEP", "MAX_RETRIES", "Broker"]
 
 
 @implementer(IBroker)
-class Broker(Subscriptions, Topology, Settling, Overflow):
+class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
     def __init__(
         self, store: IMessageStore, clock: IReactorTime, dispatch_batch: int = 1024
     ) -> None:
@@ -126,120 +115,6 @@ class Broker(Subscriptions, Topology, Settling, Overflow):
     def delete_record(self, namespace: bytes, key: bytes) -> None:
         if self.records.get(namespace, {}).pop(key, None) is not None:
             self._op((DELETE, namespace, key))
-
-    # -- publishing ---------------------------------------------------------
-
-    def publish_event(
-        self,
-        event: bytes,
-        message_id: bytes,
-        body: bytes,
-        headers: dict[str, str] | None = None,
-        ttl: float | None = None,
-        source: str | None = None,
-    ) -> int:
-        self.published += 1
-        names = self.bindings.route(event)
-        if not names:
-            self.unroutable += 1
-            return 0
-        if self.rejecting:
-            self.check_room(names)
-        now = self.clock.seconds()
-        event = self.bindings.interned.get(event, event)  # one shared bytes per event name
-        queues = self.queues
-        for name in names:
-            queue = queues.get(name)
-            if queue is None:
-                queue = self.declare_queue(name)
-            self._enqueue(queue, message_id, body, event, headers, ttl, source, now)
-        return len(names)
-
-    def publish_to_queue(
-        self,
-        name: bytes,
-        message_id: bytes,
-        body: bytes,
-        headers: dict[str, str] | None = None,
-        ttl: float | None = None,
-        source: str | None = None,
-    ) -> Message:
-        self.published += 1
-        queue = self.queues.get(name) or self.declare_queue(name)
-        if queue.reject:
-            self.check_room((name,))
-        return self._enqueue(
-            queue, message_id, body, None, headers, ttl, source, self.clock.seconds()
-        )
-
-    def _enqueue(
-        self,
-        queue: Queue,
-        message_id: bytes,
-        body: bytes,
-        event: bytes | None,
-        headers: dict[str, str] | None,
-        ttl: float | None,
-        source: str | None,
-        now: float,
-    ) -> Message:
-        if 0.0 <= now - self._now < 50e-6:
-            # messages within 50 us share one float (32 bytes less each); the
-            # journal's publish times, and so its latencies, are that exact
-            now = self._now
-        else:
-            self._now = now
-        if ttl is None:
-            ttl = queue.options.default_ttl
-        expires_at = now + ttl if ttl else None
-        message = Message(
-            message_id, queue.name, body, self._seq, event, headers, now, expires_at, 0, source
-        )
-        self._seq += 1
-        journal = self.journal
-        if journal is not None:
-            append = journal.append  # see Journal.append: read once, then called
-            if expires_at is None and headers is None and not journal.bodies:
-                tag = queue.journal_tags.get(source) or self._journal_tag(queue, source)
-                append((tag, now, message_id, len(body)))
-            else:
-                append((SLIM_PUBLISHED, now, queue.name, message_id,
-                        journal.sources.get(source, source), len(body), expires_at, headers,
-                        journal.bodies and body))
-        self._append(queue, message)
-        self.queued += 1
-        queue.enqueued += 1
-        limit = queue.limit
-        if limit is not None and len(queue.ready) > limit:
-            oldest = queue.ready.popleft()
-            if oldest.expires_at is not None:
-                queue.ttl_ready -= 1
-            self._discard(queue, oldest, b"maxlen")
-        return message
-
-    def _journal_tag(self, queue: Queue, source: str | None) -> int:
-        """A key for the plain published records of ``source`` into ``queue``,
-        announced to the journal: two values less in each of those records."""
-        self._journal_keys += SLIM_KIND + 1
-        key = self._journal_keys
-        self.journal.append((PUBLISHER_KEY, self.clock.seconds(), queue.name, None, None, 0,
-                             None, None, self.journal.sources.get(source, source), None, None,
-                             None, None, key))
-        tag = queue.journal_tags[source] = key + SLIM_PUBLISHED_PLAIN
-        return tag
-
-    def _append(self, queue: Queue, message: Message) -> None:
-        """Put a new (or newly sequenced) message at the tail and record it."""
-        queue.ready.append(message)
-        if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
-            queue.pack_ready(self.pack_ready_after)
-        if message.expires_at is not None:
-            queue.ttl_ready += 1
-            self._watch_expiry(queue, message)
-        if self.writer is not None:  # the hot path skips _op's call without a durable store
-            self.writer.add((ENQUEUE, message))
-        if queue.consumers:
-            self._kick(queue)
 
     # -- dispatch -----------------------------------------------------------
 

@@ -32,7 +32,11 @@ OVERFLOW_POLICIES = (DROP_HEAD, REJECT_PUBLISH)
 
 
 class QueueFullError(Exception):
-    """A publish was refused: the queue is at its max-length with ``reject-publish``."""
+    """A publish was refused: the queue is at its max-length with ``reject-publish``.
+
+    ``stored``: for a run of publishes, how many of them went in before the
+    refused one (the rest were not published).
+    """
 
     def __init__(self, queue: bytes, limit: int) -> None:
         super().__init__(
@@ -41,6 +45,7 @@ class QueueFullError(Exception):
         )
         self.queue = queue
         self.limit = limit
+        self.stored = 0
 
 
 def check_policy(value: str) -> str:

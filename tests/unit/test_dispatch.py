@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from twisted.internet.defer import succeed
 from twisted.internet.task import Clock
 
 from mqserver.broker import core
@@ -14,7 +13,7 @@ from mqserver.broker.dispatch import DELIVERED, HELD, hand_over
 from mqserver.broker.queue import Slots
 from mqserver.model import DECLARE, ENQUEUE, REMOVE, QueueOptions
 from mqserver.storage.memory import MemoryStore
-from mqserver.testing import RecordingSink
+from mqserver.testing import DurableMemoryStore, RecordingSink
 
 
 def connect(broker):
@@ -99,20 +98,6 @@ def test_a_delivery_settled_on_send_is_acked_in_dispatch_without_another_pump(br
     assert consumer.unacked == {} and (consumer.delivered, consumer.acked) == (5, 5)
     assert broker.queues[b"q"].acked == 5 and broker.in_flight() == 0
     assert clock.getDelayedCalls() == []  # no kick left a pump behind
-
-
-class DurableMemoryStore(MemoryStore):
-    """Takes the broker's op batches as a durable store would, and keeps them."""
-
-    durable = True
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ops: list = []
-
-    def apply(self, ops):
-        self.ops.extend(ops)
-        return succeed(None)
 
 
 def test_settled_on_send_is_removed_from_a_durable_store(clock):

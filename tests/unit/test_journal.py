@@ -283,3 +283,19 @@ def test_journal_keeps_values_not_tuples_so_they_cost_no_garbage_collections(tmp
     assert journal.pending and not any(gc.is_tracked(value) for value in journal.pending)
     journal.stopService()
     assert [r["event"] for r in records(tmp_path)] == ["published"]
+
+
+def test_runs_are_journaled_as_their_publishes_one_by_one(tmp_path):
+    broker, journal, _ = make(tmp_path)
+    broker.bindings.bind(b"a", b"ev")
+    broker.bindings.bind(b"b", b"ev")
+    broker.publish_event_run(b"ev", [(b"m1", b"x"), (b"m2", b"xy")], source="mqks")
+    broker.publish_to_queue_run(b"a", [(b"m3", b"x")], headers={"h": "1"}, source="emqp")
+    broker.publish_to_queue_run(b"b", [(b"m4", b"x"), (b"m5", b"x")], ttl=5.0, source="emqp")
+    journal.stopService()
+    assert [(r["message_id"], r["queue"], r["protocol"], r["size"], r.get("headers"),
+             "ttl_ms" in r) for r in records(tmp_path)] == [
+        ("m1", "a", "mqks", 1, None, False), ("m1", "b", "mqks", 1, None, False),
+        ("m2", "a", "mqks", 2, None, False), ("m2", "b", "mqks", 2, None, False),
+        ("m3", "a", "emqp", 1, {"h": "1"}, False),
+        ("m4", "b", "emqp", 1, None, True), ("m5", "b", "emqp", 1, None, True)]
