@@ -777,14 +777,23 @@ _REQUESTISH = st.one_of(
     full=st.booleans(),
     scheduler=st.booleans(),
     durable_answer=st.booleans(),
+    worker=st.booleans(),
 )
 def test_the_request_fast_path_agrees_with_the_long_way(messages, full, scheduler,
-                                                         durable_answer):
+                                                         durable_answer, worker):
+    """Runs of requests stored together (to ``default``, or to ``q`` once a
+    worker knows it, each full at 2 with reject-publish), cut by other
+    messages, refusals, redirections and bad requests, answer as one by one."""
     outcomes = []
     for h in _twins(limits=SMALL):
         if full:
-            h.broker.declare_queue(b"default", QueueOptions(max_length=2,
-                                                            overflow="reject-publish"))
+            for name in (b"default", b"q"):
+                h.broker.declare_queue(name, QueueOptions(max_length=2,
+                                                          overflow="reject-publish"))
+        if worker:  # q is known: its requests are stored in it, without a slot to leave
+            Peer(h, h.service.backend, b"w1").send(codec.INFORM, b'[[1, "q"]]', b"worker",
+                                                   msgid=b"i")
+            assert h.broker.queues[b"q"].consumers
         client = h.client()
         if scheduler:
             client.send(codec.INFORM, b"", codec.SCHEDULER)

@@ -51,22 +51,25 @@ class FrontendHandler(EndpointHandler):
         self, router: ZMTPRouterFactory, identity: bytes, messages: Iterator[list[bytes]]
     ) -> None:
         """Take the common REQUEST (7 frames, the first empty, ``REQUEST`` in
-        capitals) without building an ``Envelope`` or a ``Request``; anything
-        else, and any REQUEST a check refuses, goes the long way
-        (``message_received``), which checks it again and logs why."""
+        capitals) without building an ``Envelope`` or a ``Request``, and store
+        consecutive ones bound for one queue with the same headers as one
+        broker run; anything else, and any REQUEST a check refuses, goes the
+        long way (``message_received``) after the run so far, which checks it
+        again and logs why."""
         service = self.service
         connection = service.frontend.peers.get(identity)
         if service.draining or connection is None:  # everything is refused, with a log line
             super().handle_run(router, identity, messages)
             return
         check_id, valid_jobs = service.limits.check_id, self._valid_jobs
-        schedulers, publish = service.schedulers, service.publish_request
-        answer_now = service.broker.writer is None
+        schedulers, route = service.schedulers, service.route_request
         publishing = connection.publisher
         replies: list[bytes] = []  # REPLYs that go out together, before anything else
+        target, fields, entries = b"", None, []  # the requests not stored yet: one run
         try:
             for frames in messages:
                 if len(frames) != 7 or frames[0] or frames[2] != REQUEST:
+                    self._store(identity, target, fields, entries, replies)
                     self._long_way(router, identity, frames, replies)
                     continue
                 _, _, _, msgid, queue, headers, payload = frames
@@ -76,23 +79,52 @@ class FrontendHandler(EndpointHandler):
                         self._seen(identity)
                     if (queue, headers) not in valid_jobs:
                         self._check_job(queue, headers)
-                    if not publishing:
-                        self._publishing(identity)
-                        publishing = True
-                    publish(queue, headers, payload, msgid, identity)
+                    where, what = route(queue, headers, identity)
                 except EMQPError:
+                    self._store(identity, target, fields, entries, replies)
                     self._long_way(router, identity, frames, replies)
                     continue
-                except QueueFullError as e:
-                    self._send_replies(identity, replies)
-                    self._refuse(identity, codec.Envelope(REQUEST, msgid, frames[4:]), e)
+                if not publishing:
+                    self._publishing(identity)
+                    publishing = True
+                if where != queue:  # to default: logged and stored in order with the rest
+                    self._store(identity, target, fields, entries, replies)
+                    service.redirected(queue, msgid)
+                    self._store(identity, where, what, [(msgid, payload)], replies)
                     continue
-                if answer_now:
-                    replies.append(encode_reply(msgid))
-                else:
-                    self._when_stored(identity, encode_reply(msgid))
+                if what is not fields:  # shared per queue, headers and client
+                    self._store(identity, target, fields, entries, replies)
+                    target, fields = where, what
+                entries.append((msgid, payload))
+            self._store(identity, target, fields, entries, replies)
         finally:
             self._send_replies(identity, replies)
+
+    def _store(
+        self, identity: bytes, target: bytes, fields: dict[str, str] | None,
+        entries: list[tuple[bytes, bytes]], replies: list[bytes],
+    ) -> None:
+        """Store ``entries`` (requests, in order) in ``target`` as one run and
+        answer each: ``REPLY`` once stored, ``ERROR ... QueueFull`` for one a
+        full queue refused (reject-publish), the ones after it tried again."""
+        publish_run = self.service.broker.publish_to_queue_run
+        while entries:
+            try:
+                publish_run(target, entries, fields, None, "emqp")
+                stored, refused = entries, None
+            except QueueFullError as e:
+                stored, refused = entries[:e.stored], e
+            if stored and self.service.broker.writer is None:
+                replies.extend(encode_reply(msgid) for msgid, _ in stored)
+            elif stored:
+                self._when_stored(identity, b"".join(encode_reply(msgid) for msgid, _ in stored))
+            if refused is None:
+                break
+            self._send_replies(identity, replies)
+            msgid = entries[len(stored)][0]
+            self._refuse(identity, codec.Envelope(REQUEST, msgid, []), refused)
+            entries[:] = entries[len(stored) + 1:]
+        entries.clear()
 
     def _long_way(
         self, router: ZMTPRouterFactory, identity: bytes, frames: list[bytes],

@@ -133,12 +133,24 @@ class EMQPService:
         self, queue: bytes, header_frame: bytes, payload: bytes, msgid: bytes,
         client: bytes | None,
     ) -> Message:
-        """Store a REQUEST in the core; raises ``EMQPError`` for malformed headers.
+        """Store a REQUEST in the core; raises ``EMQPError`` for malformed headers."""
+        target, fields = self.route_request(queue, header_frame, client)
+        if target != queue:
+            self.redirected(queue, msgid)
+        return self.broker.publish_to_queue(target, msgid, payload, fields, None, "emqp")
+
+    def route_request(
+        self, queue: bytes, header_frame: bytes, client: bytes | None
+    ) -> tuple[bytes, dict[str, str]]:
+        """The queue a REQUEST goes to (``default`` if no worker knows its own:
+        the caller logs it, ``redirected``) and the fields its message
+        carries; raises ``EMQPError`` for malformed headers.
 
         A client sends the same queue and headers over and over: the fields
-        the message carries are worked out once per combination and shared
-        (nothing changes a message's headers in place), which also keeps a
-        backlog of requests from holding a dict each.
+        are worked out once per combination and shared (nothing changes a
+        message's headers in place), which also keeps a backlog of requests
+        from holding a dict each, and lets the frontend store requests that
+        share them as one run.
         """
         key = (queue, header_frame, client)
         fields = self._fields.get(key)
@@ -149,13 +161,14 @@ class EMQPService:
             self._fields[key] = fields
         # a queue someone consumes or that holds waiting requests; others go to default
         known = self.broker.queues.get(queue)
-        target = queue if known is not None and (known.consumers or known.ready) else DEFAULT_QUEUE
-        if target != queue:
-            log.info(
-                "emqp: no worker knows queue {queue!r}; request {msgid!r} goes to default",
-                queue=queue, msgid=msgid,
-            )
-        return self.broker.publish_to_queue(target, msgid, payload, fields, None, "emqp")
+        if known is not None and (known.consumers or known.ready):
+            return queue, fields
+        return DEFAULT_QUEUE, fields
+
+    @staticmethod
+    def redirected(queue: bytes, msgid: bytes) -> None:
+        log.info("emqp: no worker knows queue {queue!r}; request {msgid!r} goes to default",
+                 queue=queue, msgid=msgid)
 
     def run_scheduled(self, queue: bytes, header_frame: bytes, payload: bytes) -> None:
         """One run of a scheduled job: a REQUEST with the schedule's delivery headers."""

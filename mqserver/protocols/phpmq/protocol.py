@@ -284,17 +284,20 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
 
     def _publish_run(self, run: Run) -> None:
         """2017 001s to one queue (``codec.Run``): ``_publish`` with the queue's
-        name checked and its dead-letter option applied once for all of them."""
+        name checked and its dead-letter option applied once for all of them,
+        and one broker run (``publish_to_queue_run``)."""
         queue = self._queue(run.queue)
         if not self._publisher:
             self._publishing()
-        publish = self.broker.publish_to_queue
         ids = self.factory.new_message_ids(len(run.values))
-        for body, message_id in zip(run.values, ids, strict=True):
+        entries = list(zip(ids, run.values, strict=True))
+        while entries:
             try:
-                publish(queue, message_id, body, None, None, "phpmq")
+                self.broker.publish_to_queue_run(queue, entries, None, None, "phpmq")
+                return
             except QueueFullError as e:
                 self._refuse(e)
+                entries = entries[e.stored + 1:]  # the refused one is dropped; the rest try
 
     def _refuse(self, e: QueueFullError) -> None:
         """PHPMQ has no reply to carry a refusal, and closing would also drop
