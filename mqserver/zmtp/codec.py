@@ -97,8 +97,11 @@ def encode_frame(body: bytes, more: bool = False) -> bytes:
     return frame_header(len(body), MORE if more else 0) + body
 
 
-_SHORT_MORE = [bytes((MORE, size)) for size in range(MAX_SHORT + 1)]
-_SHORT_LAST = [bytes((0, size)) for size in range(MAX_SHORT + 1)]
+SHORT_MORE = [bytes((MORE, size)) for size in range(MAX_SHORT + 1)]
+"""The header of a short frame with MORE, by its size (0-255): encoders index it
+instead of calling ``more_header`` per frame."""
+SHORT_LAST = [bytes((0, size)) for size in range(MAX_SHORT + 1)]
+"""The header of a message's short last frame, by its size."""
 
 
 def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
@@ -110,21 +113,21 @@ def encode_message(frames: list[bytes] | tuple[bytes, ...]) -> bytes:
     parts = []
     for body in frames:
         size = len(body)
-        parts.append(_SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE))
+        parts.append(SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE))
         parts.append(body)
     size = len(frames[-1])
-    parts[-2] = _SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
+    parts[-2] = SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
     return b"".join(parts)
 
 
 def more_header(size: int) -> bytes:
     """``frame_header(size, MORE)``, from the table when short."""
-    return _SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE)
+    return SHORT_MORE[size] if size <= MAX_SHORT else frame_header(size, MORE)
 
 
 def last_header(size: int) -> bytes:
     """``frame_header(size)`` for a message's last frame, from the table when short."""
-    return _SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
+    return SHORT_LAST[size] if size <= MAX_SHORT else frame_header(size)
 
 
 def encode_command(name: bytes, data: bytes = b"") -> bytes:

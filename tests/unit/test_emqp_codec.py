@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import hashlib
+import itertools
 import json
 
 import pytest
@@ -202,3 +204,23 @@ def test_request_frames_with_cached_middles_agree_with_the_long_way(messages, si
             fields = dict(fields)
         message = Message(msgid, queue, body, headers=fields)
         assert encode(message) == request_frames(message)
+
+
+@given(st.integers(min_value=0, max_value=1 << 50), st.lists(st.binary(max_size=4), max_size=600))
+def test_between_each_is_between_for_each_tail(start, tails):
+    one_by_one = codec.MsgIds(start=start)
+    at_once = copy.copy(one_by_one)  # the same random prefix
+    expected = b"".join(one_by_one.between(b"<", tail) for tail in tails)
+    assert at_once.between_each(b"<", tails) == expected
+    assert at_once() == one_by_one()  # the counter moved on alike
+
+
+@given(st.lists(st.binary(max_size=300), max_size=20))
+def test_encode_replies_is_encode_reply_for_each(request_msgids):
+    encoded = codec.encode_replies(request_msgids)
+    answers = MessageDecoder(2**20, 16).feed(encoded)
+    assert [frames[4:] for frames in answers] == [[m] for m in request_msgids]
+    assert encoded == b"".join(codec.encode(codec.REPLY, f[3], f[4]) for f in answers)
+    counters = [int(f[3][-12:], 16) for f in answers]
+    # fresh and in order (the 48-bit counter may wrap)
+    assert all((b - a) % (1 << 48) == 1 for a, b in itertools.pairwise(counters))

@@ -105,6 +105,20 @@ class MsgIds:
     def __call__(self) -> bytes:
         return self.between(b"", b"")
 
+    def between_each(self, head: bytes, tails: list[bytes]) -> bytes:
+        """``between(head, tail)`` for each of ``tails``, in one join (the
+        REPLYs to a run of requests)."""
+        n, block = self._next, self._block
+        parts: list[bytes] = []
+        for tail in tails:
+            low = n & 0xFF
+            if not low:
+                block = self._block_of(n)
+            parts += (head, block, _HEX2[low], tail)
+            n += 1
+        self._next, self._block = n, block
+        return b"".join(parts)
+
     def between(self, head: bytes, tail: bytes) -> bytes:
         """``head + self() + tail`` in one join (for every REPLY)."""
         n = self._next
@@ -140,6 +154,16 @@ def encode(command: bytes, msgid: bytes, *body: bytes) -> bytes:
 _REPLY_HEAD = zmtp.encode_message([b"", VERSION, REPLY, bytes(36), b""])[:-38]
 """``'' | eMQP/1.0 | REPLY`` and the header of a 36-byte msgid frame (``new_msgid``'s
 size): a REPLY with the msgid's bytes and the empty last frame cut off."""
+
+
+def encode_replies(request_msgids: list[bytes]) -> bytes:
+    """``encode_reply`` for each, in one join: the answers to a run of stored
+    requests, without a call per request."""
+    last, short = zmtp.SHORT_LAST, zmtp.MAX_SHORT
+    return new_msgid.between_each(_REPLY_HEAD, [
+        last[len(m)] + m if len(m) <= short else zmtp.last_header(len(m)) + m
+        for m in request_msgids
+    ])
 
 
 def encode_reply(request_msgid: bytes) -> bytes:

@@ -14,6 +14,7 @@ from mqserver.broker.core import MAX_RETRIES
 from mqserver.model import Message
 from mqserver.protocols.emqp import codec
 from mqserver.zmtp import codec as zmtp
+from mqserver.zmtp.codec import MAX_SHORT
 
 H_QUEUE = "emqp-queue"
 H_HEADERS = "emqp-headers"
@@ -86,8 +87,15 @@ class RequestFrames:
         if cached is None or cached[0] is not fields:
             cached = self._remember(fields)
         msgid, body = message.id, message.body
-        return b"".join((_REQUEST_HEAD, zmtp.more_header(len(msgid)), msgid, cached[1],
-                         zmtp.last_header(len(body)), body))
+        id_size, size = len(msgid), len(body)
+        return b"".join((  # the headers from zmtp's tables unless long: no call per frame
+            _REQUEST_HEAD,
+            zmtp.SHORT_MORE[id_size] if id_size <= MAX_SHORT else zmtp.more_header(id_size),
+            msgid,
+            cached[1],
+            zmtp.SHORT_LAST[size] if size <= MAX_SHORT else zmtp.last_header(size),
+            body,
+        ))
 
     def _remember(self, fields: dict[str, str]) -> tuple[dict[str, str], bytes]:
         """The queue and headers frames of ``fields``, each with MORE, kept with it."""

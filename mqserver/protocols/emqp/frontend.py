@@ -16,7 +16,13 @@ from twisted.logger import Logger
 
 from mqserver.broker.overflow import QueueFullError
 from mqserver.protocols.emqp import codec
-from mqserver.protocols.emqp.codec import REQUEST, EMQPError, check_job, encode_reply
+from mqserver.protocols.emqp.codec import (
+    REQUEST,
+    EMQPError,
+    check_job,
+    encode_replies,
+    encode_reply,
+)
 from mqserver.protocols.emqp.endpoint import EndpointHandler
 from mqserver.protocols.emqp.service import EMQPService, Peer
 from mqserver.zmtp.codec import describe
@@ -114,10 +120,12 @@ class FrontendHandler(EndpointHandler):
                 stored, refused = entries, None
             except QueueFullError as e:
                 stored, refused = entries[:e.stored], e
-            if stored and self.service.broker.writer is None:
-                replies.extend(encode_reply(msgid) for msgid, _ in stored)
-            elif stored:
-                self._when_stored(identity, b"".join(encode_reply(msgid) for msgid, _ in stored))
+            if stored:
+                answers = encode_replies([msgid for msgid, _ in stored])
+                if self.service.broker.writer is None:
+                    replies.append(answers)
+                else:
+                    self._when_stored(identity, answers)
             if refused is None:
                 break
             self._send_replies(identity, replies)
