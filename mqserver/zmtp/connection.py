@@ -8,7 +8,6 @@ multipart messages), its batched writes and its backpressure.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from operator import length_hint
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +66,8 @@ class ZMTPConnection(TwistedProtocol):
         # writes held until the chunk handled or the reactor turn ends (see ``write``)
         self._batch: list[bytes] | None = None
         self._batched = 0  # its bytes: past FLUSH_AT it goes out at once
+        # the run of messages the handler is taking (see ``_deliver``)
+        self._run: list[list[bytes]] = []
 
     def connectionMade(self) -> None:
         address = self.transport.getPeer()
@@ -82,6 +83,7 @@ class ZMTPConnection(TwistedProtocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._state = _CLOSED
+        self._run.clear()
         self._lost = True
         self._stop_handshake_timer()
         self.factory._unregister(self)
@@ -97,6 +99,7 @@ class ZMTPConnection(TwistedProtocol):
         self._waiters.append(waiter)
         if self._state != _CLOSED:
             self._state = _CLOSED
+            self._run.clear()
             self.flush()
             # a paused producer would keep the transport open once it drained
             self.transport.unregisterProducer()
@@ -225,29 +228,28 @@ class ZMTPConnection(TwistedProtocol):
     def _deliver(self, identity: bytes, run: list[list[bytes]]) -> None:
         """``messages_received`` for ``run``: a handler error costs only the message
         that raised it (logged), as the same iterator goes on after it; one
-        that raised before taking a message would again, so the run ends."""
-        factory = self.factory
-        left = iter(run)
-        messages = self._while_open(left)
-        while True:
-            before = length_hint(left)
-            try:
-                factory.handler.messages_received(factory, identity, messages)
-                return
-            except Exception:
-                log.failure(
-                    "{name}: handling a message from {identity} failed",
-                    name=factory.name, identity=describe(identity),
-                )
-            if length_hint(left) == before:
-                return
+        that raised before taking a message would again, so the run ends.
 
-    def _while_open(self, run: Iterator[list[bytes]]) -> Iterator[list[bytes]]:
-        """``run`` until the handler closes the connection: what follows is dropped."""
-        for frames in run:
-            if self._state == _CLOSED:
-                return
-            yield frames
+        Closing the connection empties the run, which ends the iteration:
+        what follows is dropped, without a check per message."""
+        factory = self.factory
+        self._run = run
+        left = iter(run)
+        try:
+            while True:
+                before = length_hint(left)
+                try:
+                    factory.handler.messages_received(factory, identity, left)
+                    return
+                except Exception:
+                    log.failure(
+                        "{name}: handling a message from {identity} failed",
+                        name=factory.name, identity=describe(identity),
+                    )
+                if length_hint(left) == before:
+                    return
+        finally:
+            self._run = []
 
     def _read_greeting(self, data: bytes) -> bytes:
         greeting = self._greeting + data

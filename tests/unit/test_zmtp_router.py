@@ -275,10 +275,11 @@ def test_a_handler_that_fails_before_taking_a_message_loses_only_that_run(router
     assert [name for name, _ in peer.commands()] == [b"READY", b"PONG"]
 
 
-def test_messages_after_the_handler_closes_the_connection_are_dropped(router, handler):
+@pytest.mark.parametrize("how", ["close", "connectionLost"])
+def test_messages_after_the_handler_closes_the_connection_are_dropped(router, handler, how):
     def closing(router, identity, frames):
         handler.events.append(("message", identity, frames))
-        router.peers[identity].close()
+        getattr(router.peers[identity], how)()
 
     handler.message_received = closing
     peer = handshake(router, b"c")
