@@ -20,7 +20,7 @@ PROTOCOLS: dict[str, type[LoadClient]] = {
 DURABLE = {"sqlite", "log-interval", "log-always", "beanstalkd-b", "beanstalkd-b-f0",
            "redis-aof-everysec", "redis-aof-always"}
 IN_MEMORY = {"memory", "beanstalkd", "redis"}
-EMQP_SCALE = 0.1
+EMQP_SCALE = 0.5
 PEER_SCALE = {"beanstalkd-b-f0": 0.02}
 MEMORY = {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"}
 
