@@ -2,7 +2,8 @@
 """The MQKS server protocol: parse request lines, call the broker, write replies.
 
 Parsing is one ``split`` per ``dataReceived`` chunk, then one per line into at
-most four words, with dispatch through a dict of bound methods; replies and
+most four words, with dispatch through a dict of bound methods; a chunk's
+plain publishes go to the broker as runs (``publishing``); replies and
 deliveries are buffered and written once per chunk (or once per reactor turn
 for deliveries), never once per line (``output``).
 """
@@ -26,9 +27,10 @@ from mqserver.limits import Limits, find_control
 from mqserver.model import Message
 from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.mqks import codec
-from mqserver.protocols.mqks.codec import CONFIRM, MQKSError, with_data
+from mqserver.protocols.mqks.codec import MQKSError, with_data
 from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
 from mqserver.protocols.mqks.output import Output
+from mqserver.protocols.mqks.publishing import Publishing
 from mqserver.protocols.mqks.stats_view import stats_names
 
 log = Logger()
@@ -85,7 +87,7 @@ class MQKSFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class MQKSProtocol(Backpressure, Output, Protocol):
+class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
     """One MQKS client; ``Backpressure`` pauses its deliveries while it cannot take them."""
 
     def __init__(self, factory: MQKSFactory) -> None:
@@ -102,6 +104,7 @@ class MQKSProtocol(Backpressure, Output, Protocol):
         self._flush_due = False
         self._receiving = False
         self._closing = False
+        self._run: list[tuple[bytes, bytes]] = []
         # The hot actions take the request's words as ``_request`` split them;
         # the others take their data, everything after the action, as sent.
         self._actions: dict[bytes, Callable[[bytes, list[bytes]], None]] = {
@@ -193,6 +196,8 @@ class MQKSProtocol(Backpressure, Output, Protocol):
             if self._pending_size > max_line:
                 self._line_too_long()
         finally:
+            if self._run:
+                self._store_run()  # the chunk's pump delivers its publishes
             # deliveries to this connection join its replies in one write
             self.broker.pump_now()
             self._receiving = False
@@ -205,6 +210,10 @@ class MQKSProtocol(Backpressure, Output, Protocol):
         # At most four words: id, action, and a publish's event and body or an
         # ack's consumer and message ids, so those need no second split.
         words = line.rstrip().split(b" ", 3)
+        if len(words) == 4 and words[1] == b"publish" and self._gather(words):
+            return  # stored with the chunk's run of publishes (``publishing``)
+        if self._run:
+            self._store_run()  # whatever this line does or answers comes after them
         if len(words) < 3:
             self._error(b"None", "a request needs an id, an action and data")
             return
@@ -238,6 +247,8 @@ class MQKSProtocol(Backpressure, Output, Protocol):
                 check(name, "name", MQKSError)
 
     def _line_too_long(self) -> None:
+        if self._run:
+            self._store_run()  # the lines before this one are answered before it
         self._pending = []
         self._pending_size = 0
         self._error(b"None", f"request line longer than {self.max_line} bytes")
@@ -268,25 +279,6 @@ class MQKSProtocol(Backpressure, Output, Protocol):
         )
 
     # -- actions ------------------------------------------------------------
-
-    def _publish(self, request_id: bytes, words: list[bytes]) -> None:
-        """``publish [--confirm] {event} {body}``"""
-        if len(words) < 4:
-            raise MQKSError("publish needs an event and data")
-        event = words[2]
-        body = words[3]
-        confirm = event == CONFIRM  # "--confirm " only as the first word
-        if confirm:
-            event, _, body = body.partition(b" ")
-        if not event or not body:
-            raise MQKSError("publish needs an event and data")
-        if event not in self._checked_events:
-            self.factory.check_event(event)
-        if not self._publisher:
-            self._publishing()
-        self.broker.publish_event(event, request_id, body, None, None, "mqks")
-        if confirm:
-            self._confirm(request_id)
 
     def _consume(self, consumer_id: bytes, data: bytes) -> None:
         args = codec.parse_consume(data)

@@ -1,0 +1,295 @@
+"""MQKS publishing runs (issue 8): a chunk's plain publishes stored as broker runs.
+
+The twin test feeds the same chunks to a server that gathers runs and to
+one that publishes each line on its own (``OneByOne``, the way before runs)
+and wants the same bytes on every connection, the same log and the same
+broker.  The targeted tests pin each place a run must be stored.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.logger import capturedLogs, formatEvent
+
+from mqserver.broker.core import Broker
+from mqserver.model import QueueOptions
+from mqserver.protocols.mqks.protocol import MQKSFactory, MQKSProtocol
+from mqserver.storage.memory import MemoryStore
+
+EID = re.compile(rb"\d{20}[0-9a-zA-Z]{4}")
+
+
+class OneByOne(MQKSProtocol):
+    """The reference: every publish line goes the one-at-a-time way."""
+
+    def _gather(self, words: list[bytes]) -> bool:
+        return False
+
+
+class OneByOneFactory(MQKSFactory):
+    def buildProtocol(self, addr: Any) -> MQKSProtocol:
+        protocol = OneByOne(self)
+        protocol.factory = self
+        return protocol
+
+
+class HeldStore(MemoryStore):
+    """Durable, and nothing is durable until the test says so (``settle``)."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list[Deferred[None]] = []
+
+    def apply(self, ops: list[Any]) -> Deferred[None]:
+        d: Deferred[None] = Deferred()
+        self.pending.append(d)
+        return d
+
+    def settle(self) -> None:
+        pending, self.pending = self.pending, []
+        for d in pending:
+            d.callback(None)
+
+
+class World:
+    """A broker with a reject-publish queue, a drop-head queue, a plain queue
+    and a consumer on another connection; ``pub`` gets the test's chunks."""
+
+    def __init__(self, factory_class: type[MQKSFactory], durable: bool) -> None:
+        self.clock = Clock()
+        self.store = HeldStore() if durable else MemoryStore()
+        self.broker = Broker(self.store, self.clock)
+        self.factory = factory_class(self.broker, max_line=96)
+        broker = self.broker
+        broker.declare_queue(b"qf", QueueOptions(max_length=4, overflow="reject-publish"))
+        broker.declare_queue(b"qd", QueueOptions(max_length=2, overflow="drop-head"))
+        broker.reconfigure(b"qf", add=[b"ea", b"eb"])
+        broker.reconfigure(b"qd", add=[b"eb"])
+        broker.reconfigure(b"qa", add=[b"ea", b"ec"])
+        self.pub, self.pub_out = self.connect()
+        self.sub, self.sub_out = self.connect()
+        self.sub.dataReceived(b"s1 consume --manual-ack qs eb ec\n")
+        # names checked as if published on another connection: pub's first
+        # publishes can gather (and must register pub with the memory alarm)
+        # ("--confirm" is a valid name too, yet as a publish's first word a flag)
+        for event in (b"ea", b"eb", b"ec", b"--confirm"):
+            self.factory.check_event(event)
+        self.clock.advance(0)
+
+    def connect(self) -> tuple[MQKSProtocol, StringTransport]:
+        protocol = self.factory.buildProtocol(None)
+        transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def feed(self, chunks: list[tuple[bytes, bool]]) -> None:
+        for chunk, settle in chunks:
+            self.pub.dataReceived(chunk)
+            self.clock.advance(0)
+            if settle and isinstance(self.store, HeldStore):
+                self.store.settle()
+        self.clock.advance(0)
+
+    def state(self) -> Any:
+        broker = self.broker
+        queues = {
+            name: ([(m.id, m.body, m.event, m.seq) for m in q.ready], q.enqueued, q.refused,
+                   q.delivered, q.acked, q.rejected, q.ttl_ready)
+            for name, q in broker.queues.items()
+        }
+        consumers = {cid: [(m.id, m.seq, m.retry) for m in c.unacked.values()]
+                     for cid, c in self.factory.consumers.items()}
+        # the memory alarm knows the publisher from its first publish
+        alarm = [self.pub in broker.flow.publishers, self.sub in broker.flow.publishers]
+        return (queues, consumers, broker.published, broker.queued, broker.unroutable,
+                broker.delivered, alarm)
+
+
+def run(factory_class: type[MQKSFactory], chunks: list[tuple[bytes, bool]],
+        durable: bool) -> tuple[Any, ...]:
+    with capturedLogs() as events:
+        world = World(factory_class, durable)
+        world.feed(chunks)
+    logs = [EID.sub(b"EID", formatEvent(e).encode()) for e in events]
+    return (EID.sub(b"EID", world.pub_out.value()), EID.sub(b"EID", world.sub_out.value()),
+            logs, world.state())
+
+
+EVENTS = [b"ea", b"ea", b"eb", b"ec", b"ed"]
+IDS = [b"m1", b"m2", b"m3", b"M4", b"m1", b"m2", b"m-5", b"x" * 70, b"a\x01b"]
+BODIES = [b"x", b"body two", b"  spaced  ", b"--confirm"]
+OTHERS = [
+    b"p ping hi", b"e _eval state.published", b"e2 _eval state.queues", b"e3 _eval state.queued",
+    b"k1 ack s1 m1",
+    b"k2 ack --confirm s1 --all", b"k3 reject s1 m2", b"k4 ack s1 nope", b"k5 ack zz m1",
+    b"c2 consume qa ea", b"c3 consume qf", b"d3 delete_consumer c3", b"s1 consume --manual-ack qs eb ec", b"r1 rebind --confirm qd --add ea",
+    b"r2 rebind qf --remove ea", b"d1 delete_consumer --confirm c2", b"d2 delete_queue qs",
+    b"u1 nope x", b"short", b"", b"m6 publish", b"m7 publish ea", b"m8 publish  x",
+    b"m9 publish --confirm ea", b"mA publish e\x01v x", b"mB publish " + b"v" * 80 + b" x",
+    b"mC publish --confirm --confirm x", b"w" * 100,
+]
+
+
+def publish_line(flags: bytes) -> st.SearchStrategy[bytes]:
+    return st.builds(lambda rid, event, body: b"%s publish %s%s %s" % (rid, flags, event, body),
+                     st.sampled_from(IDS), st.sampled_from(EVENTS), st.sampled_from(BODIES))
+
+
+# mostly plain publishes, so that runs form, refusals among them
+line = st.sampled_from([b""] * 6 + [b"--confirm ", None, None]).flatmap(
+    lambda flags: st.sampled_from(OTHERS) if flags is None else publish_line(flags))
+
+
+@st.composite
+def chunked(draw: Any) -> list[tuple[bytes, bool]]:
+    lines = draw(st.lists(line, max_size=40))
+    ends = draw(st.lists(st.sampled_from([b"\n", b"\r\n", b" \n"]), min_size=len(lines),
+                         max_size=len(lines)))
+    wire = b"".join(text + end for text, end in zip(lines, ends, strict=True))
+    cuts = sorted(set(draw(st.lists(st.integers(0, max(len(wire), 1)), max_size=8))))
+    pieces = [wire[a:b] for a, b in zip([0, *cuts], [*cuts, len(wire)], strict=True)]
+    return [(p, draw(st.booleans())) for p in pieces if p]
+
+
+@settings(max_examples=400, deadline=None)
+@given(chunked(), st.booleans())
+def test_runs_answer_store_and_log_as_one_publish_at_a_time(chunks, durable):
+    assert run(MQKSFactory, chunks, durable) == run(OneByOneFactory, chunks, durable)
+
+
+# -- where a run is stored -------------------------------------------------------------
+
+
+class Probe:
+    """One connection of a run-gathering server, recording the broker's publish calls."""
+
+    def __init__(self) -> None:
+        self.clock = Clock()
+        self.broker = Broker(MemoryStore(), self.clock)
+        self.factory = MQKSFactory(self.broker)
+        self.protocol = self.factory.buildProtocol(None)
+        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+        self.protocol.makeConnection(self.transport)
+        self.calls: list[tuple[bytes, list[bytes]]] = []
+        run_publish = self.broker.publish_event_run
+
+        def publish_event_run(event, entries, *args):  # publish_event's way in too
+            self.calls.append((event, [rid for rid, _ in entries]))
+            return run_publish(event, entries, *args)
+
+        self.broker.publish_event_run = publish_event_run
+
+    def send(self, *lines: bytes) -> list[bytes]:
+        self.protocol.dataReceived(b"".join(line + b"\n" for line in lines))
+        self.clock.advance(0)
+        out = self.transport.value().splitlines()
+        self.transport.clear()
+        return [EID.sub(b"EID", line) for line in out]
+
+
+@pytest.fixture
+def probe() -> Probe:
+    p = Probe()
+    p.send(b"b rebind q ea eb")  # the events' names are checked: later publishes gather
+    p.send(b"w1 publish ea x", b"w2 publish eb x")
+    p.calls.clear()
+    return p
+
+
+def test_a_chunks_publishes_to_one_event_are_one_run(probe):
+    probe.send(b"m1 publish ea a", b"m2 publish ea b", b"m3 publish ea c")
+    assert probe.calls == [(b"ea", [b"m1", b"m2", b"m3"])]
+
+
+def test_another_event_stores_the_run(probe):
+    probe.send(b"m1 publish ea a", b"m2 publish eb b", b"m3 publish eb c", b"m4 publish ea d")
+    assert probe.calls == [(b"ea", [b"m1"]), (b"eb", [b"m2", b"m3"]), (b"ea", [b"m4"])]
+
+
+def test_any_other_line_sees_the_publishes_before_it_stored(probe):
+    out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"e _eval state.published",
+                     b"m3 publish ea c")
+    assert out == [b"e ok 4"]
+    assert probe.calls == [(b"ea", [b"m1", b"m2"]), (b"ea", [b"m3"])]
+
+
+def test_a_confirmed_publish_goes_alone_after_the_run(probe):
+    out = probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b", b"m3 publish ea c")
+    assert out == [b"m2 ok "]
+    assert probe.calls == [(b"ea", [b"m1"]), (b"ea", [b"m2"]), (b"ea", [b"m3"])]
+
+
+def test_a_confirm_flag_is_never_taken_for_a_runs_event(probe):
+    probe.send(b"c1 publish --confirm --confirm x")  # a valid event name, once checked
+    out = probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b")
+    assert out == [b"m2 ok "]
+    assert probe.calls[-2:] == [(b"ea", [b"m1"]), (b"ea", [b"m2"])]
+
+
+def test_an_error_comes_after_the_publishes_before_it(probe):
+    probe.broker.declare_queue(b"full", QueueOptions(max_length=1, overflow="reject-publish"))
+    probe.broker.reconfigure(b"full", add=[b"ea"])
+    out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"m3 publish ea", b"m4 publish ea c")
+    assert out == [b"m2 error EID", b"m3 error EID", b"m4 error EID"]
+    assert [m.id for m in probe.broker.queues[b"full"].ready] == [b"m1"]
+
+
+def test_a_refusal_is_answered_in_place_and_the_rest_try_again(probe):
+    probe.broker.declare_queue(b"full", QueueOptions(max_length=2, overflow="reject-publish"))
+    probe.broker.reconfigure(b"full", add=[b"ea"])
+    out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"m3 publish ea c",
+                     b"k ack --confirm nobody --all", b"p ping done")
+    assert out == [b"m3 error EID", b"p ok done"]
+    assert [m.id for m in probe.broker.queues[b"full"].ready] == [b"m1", b"m2"]
+
+
+def test_a_too_long_line_is_answered_after_the_run():
+    probe = Probe()
+    probe.factory.max_line = probe.protocol.max_line = 40
+    probe.broker.declare_queue(b"full", QueueOptions(max_length=1, overflow="reject-publish"))
+    probe.send(b"b rebind full ea", b"w publish ea x")
+    out = probe.send(b"m1 publish ea a", b"m2 publish ea " + b"b" * 40, b"m3 publish ea c")
+    assert out == [b"m1 error EID", b"None error EID"]  # the refusal first
+    assert probe.calls[-1] == (b"ea", [b"m1"])
+
+
+def test_the_chunks_end_stores_the_run_before_its_pump(probe):
+    probe.send(b"c consume q")
+    assert probe.send(b"m1 publish ea a", b"m2 publish ea b") == [
+        b"c ok m1 event=ea a", b"c ok m2 event=ea b"]
+
+
+def test_a_first_publish_that_gathers_registers_with_the_memory_alarm(probe):
+    other = probe.factory.buildProtocol(None)
+    other.makeConnection(StringTransport())
+    other.dataReceived(b"m1 publish ea a\nm2 publish ea b\n")
+    assert other in probe.broker.flow.publishers
+    assert probe.calls == [(b"ea", [b"m1", b"m2"])]
+
+
+def test_a_line_left_at_the_chunks_end_waits_for_the_next_chunk(probe):
+    probe.protocol.dataReceived(b"m1 publish ea a\nm2 publish e")
+    probe.protocol.dataReceived(b"a b\n")
+    assert probe.calls == [(b"ea", [b"m1"]), (b"ea", [b"m2"])]
+
+
+def test_a_run_that_fails_unexpectedly_answers_each_of_its_lines_with_an_error(probe):
+    def broken(event, entries, *args):
+        raise RuntimeError("bug")
+
+    probe.broker.publish_event_run = broken
+    with capturedLogs() as events:
+        out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"p ping after")
+    assert out == [b"m1 error EID", b"m2 error EID", b"p ok after"]
+    assert [e["log_failure"].getErrorMessage() for e in events if "log_failure" in e] == ["bug"]
