@@ -111,3 +111,20 @@ def test_clean_shutdown_logs_connections(mqks_server, connect):
     assert "Server Shut Down." in text
     assert "mqks connection 1 opened from 127.0.0.1" in text
     assert "mqks connection 1 closed" in text
+
+
+def test_a_pipelined_burst_is_refused_and_answered_in_line_order(connect):
+    """Publishes in one write go to the broker as runs (issue 8): a full
+    reject-publish queue refuses each in its place, among the other answers."""
+    c = connect()
+    c.send("c consume --confirm q e --max-length=3 --overflow=reject-publish",
+           "d delete_consumer --confirm c")
+    assert c.read(2) == [b"c ok ", b"d ok "]
+    c.send(*[f"m{n} publish e body {n}" for n in range(5)], "p ping between",
+           "m5 publish --confirm e body 5", "x publish")
+    lines = c.read(5)
+    assert [line.split(b" ")[0] for line in lines] == [b"m3", b"m4", b"p", b"m5", b"None"]
+    assert lines[2] == b"p ok between"
+    assert all(EID.match(line) for i, line in enumerate(lines) if i != 2)
+    c.send("c2 consume q")
+    assert c.read(3) == [b"c2 ok m%d event=e body %d" % (n, n) for n in range(3)]
