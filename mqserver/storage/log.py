@@ -34,25 +34,16 @@ from typing import Any
 from twisted.internet.defer import Deferred, fail, inlineCallbacks
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqserver.interfaces import IMessageStore
-from mqserver.model import (
-    BIND,
-    DECLARE,
-    DELETE,
-    DELETE_QUEUE,
-    ENQUEUE,
-    PUT,
-    REMOVE,
-    REQUEUE,
-    UNBIND,
-    Recovered,
-)
+from mqserver.model import Recovered
 from mqserver.storage import log_records as records
 from mqserver.storage.errors import StoreClosedError, StoreFailedError
+from mqserver.storage.log_batch import encode_batch
 from mqserver.storage.log_compaction import Compaction
-from mqserver.storage.log_index import LogIndex, loc
+from mqserver.storage.log_index import LogIndex
 from mqserver.storage.log_recovery import RecoveryResult, recover_thd
 from mqserver.storage.log_segment import SegmentFiles
 from mqserver.storage.worker import StoreThread
@@ -195,54 +186,33 @@ class LogStore(Compaction):
             return fail(StoreFailedError(
                 f"an earlier write failed ({self._failure.getErrorMessage()}); restart to recover"
             ))
-        encode, frame = records.encode_op, records.frame
         try:
-            frames = [frame(encode(op)) for op in ops]
+            data = self._encode_batch(ops)
         except Exception:
             return fail()
-        data = self._frame_batch(ops, frames)
         d = self._write(data, self.policy == "always")
         d.addCallback(self._written)
         return d
 
-    def _frame_batch(self, ops: list[tuple[Any, ...]], frames: list[bytes]) -> bytes:
-        """Join the framed records and move the index to where they will be (reactor thread)."""
+    def _encode_batch(self, ops: list[tuple[Any, ...]]) -> bytes:
+        """A batch's framed records and its COMMIT, as one bytes; moves the index to them.
+
+        An op that does not encode (a bug upstream) stops the store like a
+        failed write: the index has moved for the ops before it.
+        """
         if self._segments[self._active] >= self.segment_bytes:
             self._roll()
         segment = self._active
-        start = offset = self._segments[segment]
-        index, next_seq = self._index, self._next_seq
-        for op, data in zip(ops, frames, strict=True):
-            size = len(data)
-            kind = op[0]
-            if kind == ENQUEUE:
-                message = op[1]
-                index.put_message(message.queue, message.seq, loc(segment, offset, size))
-                if message.seq >= next_seq:
-                    next_seq = message.seq + 1
-            elif kind == REMOVE:
-                index.remove_message(op[1], op[2])
-            elif kind == REQUEUE:
-                message = op[1]
-                index.requeue(message.queue, op[2], message.seq, loc(segment, offset, size))
-                if message.seq >= next_seq:
-                    next_seq = message.seq + 1
-            elif kind == DECLARE:
-                index.declare(op[1], loc(segment, offset, size))
-            elif kind == BIND:
-                index.bind(op[1], op[2], loc(segment, offset, size))
-            elif kind == UNBIND:
-                index.unbind(op[1], op[2])
-            elif kind == DELETE_QUEUE:
-                index.delete_queue(op[1])
-            elif kind == PUT:
-                index.put_record(op[1], op[2], loc(segment, offset, size))
-            elif kind == DELETE:
-                index.delete_record(op[1], op[2])
-            offset += size
-        self._next_seq = next_seq
-        frames.append(records.frame(records.encode_commit(len(ops), next_seq)))
-        data = b"".join(frames)
+        start = self._segments[segment]
+        try:
+            parts, self._next_seq = encode_batch(ops, self._index, segment, start, self._next_seq)
+        except Exception:
+            self._failure = Failure()
+            log.failure("a storage op did not encode; the store refuses writes until a "
+                        "restart recovers it", self._failure)
+            raise
+        parts.append(records.frame(records.encode_commit(len(ops), self._next_seq)))
+        data = b"".join(parts)
         self._grow(segment, start + len(data))
         return data
 
