@@ -249,8 +249,9 @@ def test_a_refusal_is_answered_in_place_and_the_rest_try_again(probe):
     probe.broker.declare_queue(b"full", QueueOptions(max_length=2, overflow="reject-publish"))
     probe.broker.reconfigure(b"full", add=[b"ea"])
     out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"m3 publish ea c",
-                     b"k ack --confirm nobody --all", b"p ping done")
-    assert out == [b"m3 error EID", b"p ok done"]
+                     b"m4 publish ea d", b"k ack --confirm nobody --all", b"p ping done")
+    assert out == [b"m3 error EID", b"m4 error EID", b"p ok done"]
+    assert probe.broker.queues[b"full"].refused == 2
     assert [m.id for m in probe.broker.queues[b"full"].ready] == [b"m1", b"m2"]
 
 
