@@ -124,23 +124,36 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
 
     Consecutive ops with the same statement share one ``executemany``.
     Runs on the reactor thread: this is the snapshot of the broker's objects.
+    ENQUEUE and REMOVE, nearly every op of a busy broker, extend the current
+    run inline (no call per op); the other ops go through ``add``.
     """
     statements: Statements = []
     next_seq = 0
+    current: str | None = None  # the statement of the last run, whose rows are ``rows``
+    rows: list[tuple[Any, ...]] = []
 
-    def add(sql: str, row: tuple[Any, ...]) -> None:
-        if statements and statements[-1][0] is sql:
-            statements[-1][1].append(row)
-        else:
-            statements.append((sql, [row]))
+    def add(statement: str, row: tuple[Any, ...]) -> None:
+        nonlocal current, rows
+        if statement is not current:
+            current, rows = statement, []
+            statements.append((current, rows))
+        rows.append(row)
 
     for op in ops:
         kind = op[0]
         if kind == ENQUEUE:
-            add(_UPSERT_MESSAGE, message_row(op[1]))
-            next_seq = max(next_seq, op[1].seq + 1)
+            message = op[1]
+            if current is not _UPSERT_MESSAGE:
+                current, rows = _UPSERT_MESSAGE, []
+                statements.append((current, rows))
+            rows.append(message_row(message))
+            if message.seq >= next_seq:
+                next_seq = message.seq + 1
         elif kind == REMOVE:
-            add(_DELETE_MESSAGE, (op[2], op[1]))
+            if current is not _DELETE_MESSAGE:
+                current, rows = _DELETE_MESSAGE, []
+                statements.append((current, rows))
+            rows.append((op[2], op[1]))
         elif kind == REQUEUE:
             message, old_seq = op[1], op[2]
             if old_seq != message.seq:
