@@ -223,6 +223,18 @@ class IBroker(Interface):
     def ack(consumer, message_id):
         """Settle one delivery. :return: True if the consumer held it."""
 
+    def ack_run(consumer, message_ids):
+        """``ack`` for each id of ``message_ids`` in turn (unknown or repeated ids included).
+
+        What a protocol calls for consecutive acks of one consumer in one
+        received chunk: the lookups and the queue's kick happen once per
+        run instead of once per ack.  Counters, journal records and store
+        ops are those of the single acks, in the same order; outside a
+        held chunk (``hold_pump``) the records share the run's time.
+
+        :return: how many of the ids the consumer held (and so settled).
+        """
+
     def reject(consumer, message_id):
         """Put a delivery back at the queue's tail with retry + 1. :return: bool."""
 
