@@ -1,9 +1,10 @@
-"""MQKS publishing runs (issue 8): a chunk's plain publishes stored as broker runs.
+"""MQKS runs (issue 8): a chunk's plain publishes and acks stored as broker runs.
 
 The twin test feeds the same chunks to a server that gathers runs and to
-one that publishes each line on its own (``OneByOne``, the way before runs)
-and wants the same bytes on every connection, the same log and the same
-broker.  The targeted tests pin each place a run must be stored.
+one that publishes and acks each line on its own (``OneByOne``, the way
+before runs) and wants the same bytes on every connection, the same log and
+the same broker.  The targeted tests pin each place a publish run must be
+stored (the ack runs' are in test_mqks_ack_runs.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from twisted.internet.testing import StringTransport
 from twisted.logger import capturedLogs, formatEvent
 
 from mqserver.broker.core import Broker
-from mqserver.model import QueueOptions
+from mqserver.journal.writer import Journal
+from mqserver.model import Message, QueueOptions
 from mqserver.protocols.mqks.protocol import MQKSFactory, MQKSProtocol
 from mqserver.storage.memory import MemoryStore
 
@@ -29,9 +31,12 @@ EID = re.compile(rb"\d{20}[0-9a-zA-Z]{4}")
 
 
 class OneByOne(MQKSProtocol):
-    """The reference: every publish line goes the one-at-a-time way."""
+    """The reference: every publish and ack line goes the one-at-a-time way."""
 
     def _gather(self, words: list[bytes]) -> bool:
+        return False
+
+    def _gather_ack(self, words: list[bytes]) -> bool:
         return False
 
 
@@ -50,8 +55,12 @@ class HeldStore(MemoryStore):
     def __init__(self) -> None:
         super().__init__()
         self.pending: list[Deferred[None]] = []
+        # every op, a message as its queue, id, seq, retry and body: their order too
+        self.ops: list[tuple[Any, ...]] = []
 
     def apply(self, ops: list[Any]) -> Deferred[None]:
+        self.ops += [tuple((v.queue, v.id, v.seq, v.retry, v.body) if isinstance(v, Message)
+                           else v for v in op) for op in ops]
         d: Deferred[None] = Deferred()
         self.pending.append(d)
         return d
@@ -66,10 +75,12 @@ class World:
     """A broker with a reject-publish queue, a drop-head queue, a plain queue
     and a consumer on another connection; ``pub`` gets the test's chunks."""
 
-    def __init__(self, factory_class: type[MQKSFactory], durable: bool) -> None:
+    def __init__(self, factory_class: type[MQKSFactory], durable: bool, journal: bool) -> None:
         self.clock = Clock()
         self.store = HeldStore() if durable else MemoryStore()
         self.broker = Broker(self.store, self.clock)
+        if journal:  # never started: its records stay in ``pending``, in order
+            self.broker.journal = Journal("unused-journal", self.clock, node="n1")
         self.factory = factory_class(self.broker, max_line=96)
         broker = self.broker
         broker.declare_queue(b"qf", QueueOptions(max_length=4, overflow="reject-publish"))
@@ -85,6 +96,9 @@ class World:
         # ("--confirm" is a valid name too, yet as a publish's first word a flag)
         for event in (b"ea", b"eb", b"ec", b"--confirm"):
             self.factory.check_event(event)
+        # s1 holds deliveries from the start (and qa keeps its copies): acks settle at once
+        for message_id in (b"m1", b"m2", b"m3", b"M4"):
+            broker.publish_event(b"ec", message_id, b"held", None, None, "mqks")
         self.clock.advance(0)
 
     def connect(self) -> tuple[MQKSProtocol, StringTransport]:
@@ -112,14 +126,16 @@ class World:
                      for cid, c in self.factory.consumers.items()}
         # the memory alarm knows the publisher from its first publish
         alarm = [self.pub in broker.flow.publishers, self.sub in broker.flow.publishers]
+        ops = self.store.ops if isinstance(self.store, HeldStore) else None
+        journal = broker.journal.pending if broker.journal is not None else None
         return (queues, consumers, broker.published, broker.queued, broker.unroutable,
-                broker.delivered, alarm)
+                broker.delivered, alarm, ops, journal)
 
 
 def run(factory_class: type[MQKSFactory], chunks: list[tuple[bytes, bool]],
-        durable: bool) -> tuple[Any, ...]:
+        durable: bool, journal: bool = False) -> tuple[Any, ...]:
     with capturedLogs() as events:
-        world = World(factory_class, durable)
+        world = World(factory_class, durable, journal)
         world.feed(chunks)
     logs = [EID.sub(b"EID", formatEvent(e).encode()) for e in events]
     return (EID.sub(b"EID", world.pub_out.value()), EID.sub(b"EID", world.sub_out.value()),
@@ -131,6 +147,7 @@ IDS = [b"m1", b"m2", b"m3", b"M4", b"m1", b"m2", b"m-5", b"x" * 70, b"a\x01b"]
 BODIES = [b"x", b"body two", b"  spaced  ", b"--confirm"]
 OTHERS = [
     b"p ping hi", b"e _eval state.published", b"e2 _eval state.queues", b"e3 _eval state.queued",
+    b"e4 _eval state.messages_by_consumer_ids", b"e4 _eval state.messages_by_consumer_ids",
     b"k1 ack s1 m1",
     b"k2 ack --confirm s1 --all", b"k3 reject s1 m2", b"k4 ack s1 nope", b"k5 ack zz m1",
     b"c2 consume qa ea", b"c3 consume qf", b"d3 delete_consumer c3", b"s1 consume --manual-ack qs eb ec", b"r1 rebind --confirm qd --add ea",
@@ -138,7 +155,26 @@ OTHERS = [
     b"u1 nope x", b"short", b"", b"m6 publish", b"m7 publish ea", b"m8 publish  x",
     b"m9 publish --confirm ea", b"mA publish e\x01v x", b"mB publish " + b"v" * 80 + b" x",
     b"mC publish --confirm --confirm x", b"w" * 100,
+    # a manual-ack consumer on the publisher's connection, one with a flag's id, their ends
+    b"s2 consume --manual-ack qa ea", b"--confirm consume --manual-ack qs eb",
+    b"d4 delete_consumer s2",
+    b"d5 delete_queue qa",
 ]
+# acks: mostly plain ones of a live consumer and held ids, so that runs form; odd ones among them
+ACK_IDS = [b"k1", b"k1", b"K2", b"k-3", b"x" * 70, b"k\x01"]
+ACK_CONSUMERS = [b"s1"] * 4 + [b"s2", b"c2", b"zz", b"--confirm", b"", b"--confirm s1"]
+ACK_MESSAGES = [b"m1", b"m2", b"m3", b"M4"] * 2 + [
+    b"m-5", b"x" * 70, b"a\x01b", b"nope", b"--all", b"m1 m2", b""]
+
+ack_line = st.builds(lambda rid, cid, mid: b"%s ack %s %s" % (rid, cid, mid),
+                     st.sampled_from(ACK_IDS), st.sampled_from(ACK_CONSUMERS),
+                     st.sampled_from(ACK_MESSAGES))
+# what a draining consumer sends, several acks of one consumer in a row, or a mix
+acks = st.builds(
+    lambda cid, mids: b"\n".join(b"k1 ack %s %s" % (cid, mid) for mid in mids),
+    st.sampled_from(ACK_CONSUMERS[:7]), st.lists(st.sampled_from(ACK_MESSAGES), min_size=1,
+                                                 max_size=6),
+) | st.lists(ack_line, min_size=1, max_size=4).map(b"\n".join)
 
 
 def publish_line(flags: bytes) -> st.SearchStrategy[bytes]:
@@ -146,9 +182,14 @@ def publish_line(flags: bytes) -> st.SearchStrategy[bytes]:
                      st.sampled_from(IDS), st.sampled_from(EVENTS), st.sampled_from(BODIES))
 
 
-# mostly plain publishes, so that runs form, refusals among them
-line = st.sampled_from([b""] * 6 + [b"--confirm ", None, None]).flatmap(
-    lambda flags: st.sampled_from(OTHERS) if flags is None else publish_line(flags))
+def any_line(kind: bytes | None) -> st.SearchStrategy[bytes]:
+    if kind is None:
+        return st.sampled_from(OTHERS)
+    return acks if kind == b"ack" else publish_line(kind)
+
+
+# mostly plain publishes and acks, so that runs form, refusals among them
+line = st.sampled_from([b""] * 6 + [b"--confirm ", None, None] + [b"ack"] * 5).flatmap(any_line)
 
 
 @st.composite
@@ -163,9 +204,26 @@ def chunked(draw: Any) -> list[tuple[bytes, bool]]:
 
 
 @settings(max_examples=400, deadline=None)
-@given(chunked(), st.booleans())
-def test_runs_answer_store_and_log_as_one_publish_at_a_time(chunks, durable):
-    assert run(MQKSFactory, chunks, durable) == run(OneByOneFactory, chunks, durable)
+@given(chunked(), st.booleans(), st.booleans())
+def test_runs_answer_store_and_log_as_one_publish_at_a_time(chunks, durable, journal):
+    """Also the store's ops and the journal's records, in their order: acks and
+    publishes of a chunk are settled and stored in the order they came."""
+    assert run(MQKSFactory, chunks, durable, journal) == run(
+        OneByOneFactory, chunks, durable, journal)
+
+
+# what W1 sends: plain publishes and acks of held messages (held from the start)
+hot_line = st.sampled_from([b"m1 publish ea x", b"m2 publish ea y", b"m3 publish ec z"]) | (
+    st.sampled_from([b"m1", b"m2", b"m3", b"M4"]).map(b"k1 ack s1 %s".__mod__))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(hot_line, max_size=16), st.integers(0, 16))
+def test_runs_of_publishes_and_acks_are_stored_in_the_order_their_lines_came(lines, cut):
+    """A durable store's ops and the journal's records show the order."""
+    chunks = [(b"".join(line + b"\n" for line in part), True)
+              for part in (lines[:cut], lines[cut:]) if part]
+    assert run(MQKSFactory, chunks, True, True) == run(OneByOneFactory, chunks, True, True)
 
 
 # -- where a run is stored -------------------------------------------------------------

@@ -3,9 +3,9 @@
 
 Parsing is one ``split`` per ``dataReceived`` chunk, then one per line into at
 most four words, with dispatch through a dict of bound methods; a chunk's
-plain publishes go to the broker as runs (``publishing``); replies and
-deliveries are buffered and written once per chunk (or once per reactor turn
-for deliveries), never once per line (``output``).
+plain publishes and acks go to the broker as runs (``publishing``,
+``acking``); replies and deliveries are buffered and written once per chunk
+(or once per reactor turn for deliveries), never once per line (``output``).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from mqserver.limits import Limits, find_control
 from mqserver.model import Message
 from mqserver.protocols.backpressure import Backpressure
 from mqserver.protocols.mqks import codec
+from mqserver.protocols.mqks.acking import Acking
 from mqserver.protocols.mqks.codec import MQKSError, with_data
 from mqserver.protocols.mqks.evaluator import EvalError, safe_eval
 from mqserver.protocols.mqks.output import Output
@@ -87,7 +88,7 @@ class MQKSFactory(Factory):
 
 
 @implementer(IDeliverySink, IPushProducer, IClientConnection, IFlowControlled)
-class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
+class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
     """One MQKS client; ``Backpressure`` pauses its deliveries while it cannot take them."""
 
     def __init__(self, factory: MQKSFactory) -> None:
@@ -105,6 +106,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
         self._receiving = False
         self._closing = False
         self._run: list[tuple[bytes, bytes]] = []
+        self._acks: list[list[bytes]] = []
         # The hot actions take the request's words as ``_request`` split them;
         # the others take their data, everything after the action, as sent.
         self._actions: dict[bytes, Callable[[bytes, list[bytes]], None]] = {
@@ -196,8 +198,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
             if self._pending_size > max_line:
                 self._line_too_long()
         finally:
-            if self._run:
-                self._store_run()  # the chunk's pump delivers its publishes
+            self._store_runs()  # the chunk's pump delivers its publishes, acks make room
             # deliveries to this connection join its replies in one write
             self.broker.pump_now()
             self._receiving = False
@@ -210,10 +211,14 @@ class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
         # At most four words: id, action, and a publish's event and body or an
         # ack's consumer and message ids, so those need no second split.
         words = line.rstrip().split(b" ", 3)
-        if len(words) == 4 and words[1] == b"publish" and self._gather(words):
-            return  # stored with the chunk's run of publishes (``publishing``)
-        if self._run:
-            self._store_run()  # whatever this line does or answers comes after them
+        if len(words) == 4:
+            action = words[1]
+            if action == b"publish":
+                if self._gather(words):
+                    return  # stored with the chunk's run of publishes (``publishing``)
+            elif action == b"ack" and self._gather_ack(words):
+                return  # settled with the chunk's run of acks (``acking``)
+        self._store_runs()  # whatever this line does or answers comes after them
         if len(words) < 3:
             self._error(b"None", "a request needs an id, an action and data")
             return
@@ -247,8 +252,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Protocol):
                 check(name, "name", MQKSError)
 
     def _line_too_long(self) -> None:
-        if self._run:
-            self._store_run()  # the lines before this one are answered before it
+        self._store_runs()  # the lines before this one are answered before it
         self._pending = []
         self._pending_size = 0
         self._error(b"None", f"request line longer than {self.max_line} bytes")

@@ -41,6 +41,7 @@ class Publishing:
     _publishing: Any  # Backpressure's
     _confirm: Any  # Output's
     _error: Any  # Output's
+    _store_runs: Any  # Acking's
     # the plain publishes of this chunk not stored yet, all to ``_run_event``
     _run: list[tuple[bytes, bytes]]
     _run_event = b""
@@ -75,9 +76,8 @@ class Publishing:
         if not (request_id.isalnum() and len(request_id) <= self._max_id) \
                 or event not in self._checked_events or event == CONFIRM:
             return False
-        if event != self._run_event:
-            if self._run:
-                self._store_run()
+        if not self._run or event != self._run_event:
+            self._store_runs()  # acks or another event's publishes: they came first
             self._run_event = event
         if not self._publisher:
             self._publishing()
