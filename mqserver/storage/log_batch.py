@@ -37,10 +37,10 @@ def encode_batch(
     index moved for the ops before it: the caller must stop the store.
     """
     encode, frame_header = records.encode_op, records.frame_header
-    plain_head, remove_head = records._ENQUEUE_HEAD.pack, records._REMOVE_HEAD.pack
+    plain_head, remove_head = records.ENQUEUE_HEAD.pack, records.REMOVE_HEAD.pack
     k_enqueue, k_remove = records.K_ENQUEUE, records.K_REMOVE
-    frame_pack, magic, frame_size = records._FRAME.pack, records.RECORD_MAGIC, records.FRAME_SIZE
-    length_crcs, crc32 = records._LENGTH_CRCS, zlib.crc32
+    frame_pack, magic, frame_size = records.FRAME.pack, records.RECORD_MAGIC, records.FRAME_SIZE
+    length_crcs, crc32 = records.LENGTH_CRCS, zlib.crc32
     small = len(length_crcs)
     messages, live = index.messages, index.live
     live.setdefault(segment, 0)  # an op may drop a record this batch wrote

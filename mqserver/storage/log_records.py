@@ -48,8 +48,8 @@ _HEADER = struct.Struct(">8sHHQQ")
 HEADER_SIZE = _HEADER.size + 4
 
 RECORD_MAGIC = b"\xa5\x5a"
-_FRAME = struct.Struct(">2sII")
-FRAME_SIZE = _FRAME.size
+FRAME = struct.Struct(">2sII")
+FRAME_SIZE = FRAME.size
 _LENGTH = struct.Struct(">I")
 MAX_PAYLOAD = 1 << 30
 
@@ -76,12 +76,12 @@ _OVERFLOW_NAMES = {0: None, 1: "drop-head", 2: "reject-publish", 3: None}
 _COMMIT = struct.Struct(">IQ")
 # The head of a payload with its kind byte first: ENQUEUE, REQUEUE (then the
 # old seq), REMOVE (then the seq).  One pack instead of a pack and a concat.
-_ENQUEUE_HEAD = struct.Struct(">B" + _MSG.format[1:])
+ENQUEUE_HEAD = struct.Struct(">B" + _MSG.format[1:])
 _REQUEUE_HEAD = struct.Struct(">BQ" + _MSG.format[1:])
-_REMOVE_HEAD = struct.Struct(">BQ")
+REMOVE_HEAD = struct.Struct(">BQ")
 # crc32 of the four length bytes that start every frame's checksum, for the
 # payload sizes most records have (a table lookup instead of a pack and a crc)
-_LENGTH_CRCS = [zlib.crc32(_LENGTH.pack(size)) for size in range(4096)]
+LENGTH_CRCS = [zlib.crc32(_LENGTH.pack(size)) for size in range(4096)]
 _TWO_LENGTHS = struct.Struct(">II")
 
 
@@ -121,8 +121,8 @@ def frame_header(payload: bytes) -> bytes:
     instead of copying each payload into its frame and then into the batch.
     """
     size = len(payload)
-    seed = _LENGTH_CRCS[size] if size < len(_LENGTH_CRCS) else zlib.crc32(_LENGTH.pack(size))
-    return _FRAME.pack(RECORD_MAGIC, size, zlib.crc32(payload, seed))
+    seed = LENGTH_CRCS[size] if size < len(LENGTH_CRCS) else zlib.crc32(_LENGTH.pack(size))
+    return FRAME.pack(RECORD_MAGIC, size, zlib.crc32(payload, seed))
 
 
 def frame(payload: bytes) -> bytes:
@@ -133,7 +133,7 @@ def _valid_at(buf: Any, pos: int, end: int) -> int:
     """Payload length of a valid record at ``pos``, or -1."""
     if end - pos < FRAME_SIZE:
         return -1
-    magic, length, crc = _FRAME.unpack_from(buf, pos)
+    magic, length, crc = FRAME.unpack_from(buf, pos)
     if magic != RECORD_MAGIC or length == 0 or length > min(MAX_PAYLOAD, end - pos - FRAME_SIZE):
         return -1
     start = pos + FRAME_SIZE
@@ -188,7 +188,7 @@ def encode_message(kind: int, message: Message, old_seq: int = 0) -> bytes:
     # one pack called with its arguments (no tuple of fields to star-unpack:
     # this runs for every message the broker stores)
     if kind == K_ENQUEUE:
-        head = _ENQUEUE_HEAD.pack(
+        head = ENQUEUE_HEAD.pack(
             kind, message.seq, message.created_at, expires or 0.0, message.retry, flags,
             len(queue), len(mid), len(ev), len(headers), len(source), len(body),
         )
@@ -269,7 +269,7 @@ def encode_op(op: tuple[Any, ...]) -> bytes:
     if kind == REQUEUE:
         return encode_message(K_REQUEUE, op[1], op[2])
     if kind == REMOVE:
-        return _REMOVE_HEAD.pack(K_REMOVE, op[2]) + op[1]
+        return REMOVE_HEAD.pack(K_REMOVE, op[2]) + op[1]
     if kind == DECLARE:
         return encode_options(op[1], op[2])
     if kind == BIND:
