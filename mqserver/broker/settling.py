@@ -149,13 +149,15 @@ class Settling:
         if message is None:
             return False
         queue = consumer.queue
-        old_seq = message.seq
-        message.seq = self._seq
-        self._seq += 1
         message.retry += 1
+        # decided before the message gets its new seq: a discard's REMOVE
+        # must name the seq the store holds it under
         if not self._within_retry_limit(queue, (message,)):
             self._kick(queue)
             return True
+        old_seq = message.seq
+        message.seq = self._seq
+        self._seq += 1
         if ttl is not KEEP:
             message.expires_at = self.clock.seconds() + ttl if ttl else None
         queue.rejected += 1

@@ -386,3 +386,28 @@ def test_writer_sums_batch_latency_for_metrics(clock):
         clock.advance(seconds)
         store.pending.pop().callback(None)
     assert (broker.writer.batches, broker.writer.batch_seconds_total) == (2, 0.75)
+
+
+class _AppliedMemoryStore(MemoryStore):
+    """A memory store the broker treats as durable: it applies (and copies) every batch."""
+
+    durable = True
+
+
+@pytest.mark.parametrize("dead_letter", [None, b"dlq"])
+def test_reject_past_max_retries_removes_the_stored_copy(clock, dead_letter):
+    """Issue 17: the REMOVE of a discarded reject named a seq the store never had."""
+    store = _AppliedMemoryStore()
+    store.open()
+    broker = Broker(store, clock)
+    broker.declare_queue(b"q", QueueOptions(dead_letter=dead_letter))
+    broker.publish_to_queue(b"q", b"m1", b"body", headers={"x-max-retries": "0"})
+    conn, _sink = connect(broker)
+    consumer = broker.consume(conn, b"c", b"q")
+    clock.advance(0)
+    assert broker.reject(consumer, b"m1")
+    clock.advance(0)
+    recovered = store.open().result
+    survivors = {q: [m.id for m in rq.messages] for q, rq in recovered.queues.items()}
+    assert survivors == ({b"q": [], b"dlq": [b"m1"]} if dead_letter else {b"q": []})
+    assert not broker.queues[b"q"].ready
