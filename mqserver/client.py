@@ -8,6 +8,7 @@
     yield client.publish("jobs", b"payload", headers={"kind": "resize"}, durable=True)
     batch = yield client.consume("jobs", consumer="worker-1", max=10, timeout=5)
     yield client.ack("jobs", "worker-1", [m["id"] for m in batch["messages"]])
+    yield client.move("jobs.dead", "jobs")  # replay the dead letters after a fix
 
 Names are text; message bodies are bytes (sent base64) or text.  Errors
 raise ``APIError`` with the server's status and message.
@@ -63,7 +64,9 @@ class HTTPClient:
     """The mqserver HTTP API.
 
     :param base_url: e.g. ``http://127.0.0.1:8080``.
-    :param token: the server's ``--http-token``; reads work without it.
+    :param token: the server's ``--http-token`` (everything), or its
+        ``--http-read-token`` (peeking and listing connections too); without
+        one only health, metrics and queue statistics answer.
     :param http: what makes the requests: ``treq`` itself by default (its
         shared connection pool), a ``treq.client.HTTPClient`` with a pool of
         its own, or a ``treq.testing.StubTreq`` in tests.
@@ -199,3 +202,18 @@ class HTTPClient:
     def reject(self, queue: str, consumer: str, ids: list[str]) -> Deferred[Any]:
         return self.request("POST", f"/api/queues/{_segment(queue)}/reject",
                             json={"consumer": consumer, "ids": list(ids)})
+
+    def move(self, queue: str, to: str, limit: int | None = None,
+             keep_dead_letter_headers: bool = False) -> Deferred[Any]:
+        """Move ``queue``'s oldest ready messages (all, or ``limit``) to the existing ``to``.
+
+        Fires once the move is durable: ``{"moved", "left", "stopped", ...}``,
+        where ``stopped`` is ``"target full"`` if ``to`` reached its max_length.
+        The common case, after a fix: ``client.move("jobs.dead", "jobs")``.
+        """
+        obj: dict[str, Any] = {"to": to}
+        if limit is not None:
+            obj["limit"] = limit
+        if keep_dead_letter_headers:
+            obj["keep_dead_letter_headers"] = True
+        return self.request("POST", f"/api/queues/{_segment(queue)}/move", json=obj)

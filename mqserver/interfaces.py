@@ -240,3 +240,16 @@ class IBroker(Interface):
 
     def dead_letter(consumer, message_id, reason):
         """Remove a delivery, moving it to the queue's dead-letter target if any."""
+
+    def move(source, target, limit=None, keep_dead_letter_headers=False):
+        """Move the oldest ``limit`` (None: all) ready messages of ``source`` to ``target``.
+
+        Ids, bodies and headers are kept (``x-dead-letter-*`` only with
+        ``keep_dead_letter_headers``), retries start again at 0.  Stops at the
+        target's max-length rather than drop anything.  Each message's store
+        ops share a batch, so a crash never leaves one in both queues or in
+        neither; ``durable()`` after it says when the move is on disk.
+
+        :return: a ``mqserver.broker.moving.MoveResult``.
+        :raises mqserver.broker.moving.MoveError: a queue is unknown, or both are one.
+        """

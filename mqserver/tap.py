@@ -78,9 +78,14 @@ class Options(usage.Options):
         ["http", None, "tcp:8080:interface=127.0.0.1",
          "Endpoint of the HTTP API, metrics and dashboard (see docs/http.md)."],
         ["http-token", None, None,
-         "Bearer token that HTTP requests which change anything must carry; without "
-         "one (or --http-token-file) the HTTP API is read-only."],
+         "Bearer token for every HTTP request that changes anything or shows message "
+         "bodies or client addresses; without one (or --http-token-file) the HTTP API "
+         "only shows health, metrics and queue statistics."],
         ["http-token-file", None, None, "Read the HTTP bearer token from this file."],
+        ["http-read-token", None, None,
+         "A second bearer token that allows only the reads (peeking at messages, listing "
+         "connections), e.g. for a support team's dashboard."],
+        ["http-read-token-file", None, None, "Read the HTTP read token from this file."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
         ["max-name-bytes", None, 255,
@@ -166,15 +171,21 @@ class Options(usage.Options):
             self["protocols"] = [
                 (name, plugin.default_endpoint) for name, plugin in sorted(_PROTOCOLS.items())
             ]
-        if self["http-token-file"]:
-            if self["http-token"]:
-                raise usage.UsageError("give --http-token or --http-token-file, not both")
-            from mqserver.web import read_token
+        for name in ("http-token", "http-read-token"):
+            self._token_from_file(name)
 
-            try:
-                self["http-token"] = read_token(self["http-token-file"])
-            except ValueError as e:
-                raise usage.UsageError(str(e)) from None
+    def _token_from_file(self, name: str) -> None:
+        """``--NAME-file``'s token as ``--NAME`` (a typo in the path stops start-up)."""
+        if not self[f"{name}-file"]:
+            return
+        if self[name]:
+            raise usage.UsageError(f"give --{name} or --{name}-file, not both")
+        from mqserver.web import read_token
+
+        try:
+            self[name] = read_token(self[f"{name}-file"], f"--{name}-file")
+        except ValueError as e:
+            raise usage.UsageError(str(e)) from None
 
 
 class Listener(Service):
@@ -285,7 +296,8 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         from mqserver.web.app import build_site
 
         site = build_site(broker, token=config["http-token"], max_body=config["http-max-body"],
-                          storage_name=config["storage"], limits=Limits.from_config(config))
+                          storage_name=config["storage"], limits=Limits.from_config(config),
+                          read_token=config["http-read-token"])
         endpoint = endpoints.serverFromString(reactor, config["http"])
         Listener("http", endpoint, guarded(site, "http"), reactor).setServiceParent(service)
     return service

@@ -22,6 +22,7 @@ from zope.interface import implementer
 from mqserver.broker.bindings import BindingIndex
 from mqserver.broker.dispatch import by_priority, round_robin
 from mqserver.broker.flow import MemoryAlarm
+from mqserver.broker.moving import Mover, MoveResult
 from mqserver.broker.overflow import Overflow
 from mqserver.broker.publishing import Publishing
 from mqserver.broker.queue import Connection, Queue
@@ -73,6 +74,7 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         # when that chunk arrived, with the journal on: the time of its acks
         self._chunk_time = 0.0
         self._expiry: list[tuple[float, bytes]] = []
+        self._mover = Mover(self)
         # durable records that are not messages (eMQP schedules, ...)
         self.records: dict[bytes, dict[bytes, bytes]] = {}
         # lifetime counters, for stats and MQKS _eval
@@ -102,6 +104,11 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
 
     def durable(self) -> Deferred[None]:
         return self.writer.wait() if self.writer is not None else succeed(None)
+
+    def move(self, source: bytes, target: bytes, limit: int | None = None,
+             keep_dead_letter_headers: bool = False) -> MoveResult:
+        """Move ready messages between queues (see ``mqserver.broker.moving``)."""
+        return self._mover.move(source, target, limit, keep_dead_letter_headers)
 
     def _op(self, op: tuple[Any, ...]) -> None:
         if self.writer is not None:

@@ -38,6 +38,7 @@ class Queue:
         "expiry_hint",
         "journal_tags",
         "limit",
+        "moved",
         "name",
         "options",
         "pack_check_at",
@@ -78,6 +79,8 @@ class Queue:
         self.deleted = False
         self.enqueued = self.delivered = self.acked = self.rejected = 0
         self.requeued = self.expired = self.dead_lettered = 0
+        # ready messages an operator moved to another queue (mqserver.broker.moving)
+        self.moved = 0
         # effective max-length and overflow policy (see mqserver.broker.limits)
         self.limit: int | None = options.max_length
         self.reject = False

@@ -47,6 +47,9 @@ class StoreWriter:
         self._retry: Any = None
         self._clock = clock
         self.ops: list[tuple[Any, ...]] = []
+        # ids of pending ops that must go to the store in the same batch as
+        # the op before them (``add_with_previous``); empty on the hot path
+        self._glued: set[int] = set()
         self._call: Any = None
         self._in_flight = False
         self._pending_waiters: list[Deferred[None]] = []
@@ -74,6 +77,17 @@ class StoreWriter:
         if self._call is None and not self._in_flight and self._retry is None:
             self._call = self._clock.callLater(0, self._flush)
 
+    def add_with_previous(self, op: tuple[Any, ...]) -> None:
+        """Add ``op`` so that it reaches the store in the same batch as the op added before it.
+
+        A store applies a batch atomically, so a crash leaves both ops or
+        neither: what a move needs, whose ENQUEUE into the target and REMOVE
+        from the source must not be split by the ``max_batch`` cut (one
+        without the other is a message in two queues, or in none).
+        """
+        self._glued.add(id(op))
+        self.add(op)
+
     def wait(self) -> Deferred[None]:
         """Fires when every op added so far is durable (fails if its batch failed)."""
         if self.ops:
@@ -94,11 +108,12 @@ class StoreWriter:
         self._call = None
         if self._in_flight or not self.ops or self._retry is not None:
             return
-        if len(self.ops) > self.max_batch:
-            # A store may encode a batch on the reactor thread: cap what one
-            # apply gets.  Waiters stay pending until the op list is empty,
-            # since they wait for every op added before them.
-            batch, self.ops = self.ops[: self.max_batch], self.ops[self.max_batch :]
+        # A store may encode a batch on the reactor thread: cap what one
+        # apply gets.  Waiters stay pending until the op list is empty,
+        # since they wait for every op added before them.
+        cut = self._cut() if len(self.ops) > self.max_batch else len(self.ops)
+        if cut < len(self.ops):
+            batch, self.ops = self.ops[:cut], self.ops[cut:]
         else:
             batch, self.ops = self.ops, []
             self._flight_waiters, self._pending_waiters = self._pending_waiters, []
@@ -107,6 +122,13 @@ class StoreWriter:
         started = self._clock.seconds()
         d = maybeDeferred(self._store.apply, batch)
         d.addBoth(self._applied, started, batch)
+
+    def _cut(self) -> int:
+        """Where a batch of at most about ``max_batch`` ops ends: never before a glued op."""
+        cut, ops, glued = self.max_batch, self.ops, self._glued
+        while cut < len(ops) and id(ops[cut]) in glued:
+            cut += 1
+        return cut
 
     def _applied(self, result: object, started: float, batch: list[tuple[Any, ...]]) -> None:
         self._in_flight = False
@@ -117,6 +139,9 @@ class StoreWriter:
         if isinstance(result, Failure):
             self._failed(result, batch, waiters)
             return
+        if self._glued:
+            for op in batch:
+                self._glued.discard(id(op))
         if self.last_error is not None:
             log.info("storage writes succeed again after {n} failed batches", n=self.failures)
         self.last_error = None

@@ -16,6 +16,9 @@ ACKED = "acked"
 REQUEUED = "requeued"
 DEAD_LETTERED = "dead_lettered"
 EXPIRED = "expired"
+MOVED = "moved"
+"""An operator moved this copy to another queue (``POST /api/queues/Q/move``); a
+``published`` record with reason ``moved`` tells its arrival in the target."""
 CONSUMER_OPENED = "consumer_opened"
 CONSUMER_CLOSED = "consumer_closed"
 CONNECTION_OPENED = "connection_opened"
@@ -44,8 +47,8 @@ causes carry ``key + tag`` there
 (an addition, which Python 3.11 specializes for ints, where ``|`` is not):
 one value less to hand over per record."""
 
-MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED)
-TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED)
+MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED, MOVED)
+TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED, MOVED)
 """Events after which this copy of a message is gone from its queue."""
 
 # Reasons (the ``reason`` field) the broker writes itself.
@@ -53,6 +56,7 @@ REASON_REJECTED = "rejected"
 REASON_CONSUMER_GONE = "consumer_gone"
 REASON_AUTO_ACK = "auto_ack"
 REASON_EXPIRED = "expired"
+REASON_MOVED = "moved"
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     ("v", "INT", "schema version"),

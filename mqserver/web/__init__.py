@@ -12,17 +12,17 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def read_token(path: str) -> str:
+def read_token(path: str, option: str = "--http-token-file") -> str:
     """The bearer token in ``path`` (surrounding whitespace stripped).
 
     :raises ValueError: the file cannot be read or holds no token, so a typo
-        in ``--http-token-file`` stops start-up instead of leaving the API
-        silently read-only.
+        in ``option`` (``--http-token-file``, ``--http-read-token-file``) stops
+        start-up instead of leaving the API silently closed.
     """
     try:
         token = Path(path).read_text(encoding="utf-8").strip()
     except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read --http-token-file {path!r}: {e}") from None
+        raise ValueError(f"cannot read {option} {path!r}: {e}") from None
     if not token:
-        raise ValueError(f"--http-token-file {path!r} is empty")
+        raise ValueError(f"{option} {path!r} is empty")
     return token

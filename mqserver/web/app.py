@@ -25,7 +25,7 @@ from twisted.web.resource import Resource
 from mqserver.limits import Limits
 from mqserver.web.consumers import HTTPConsumers
 from mqserver.web.fields import check_params
-from mqserver.web.router import JSON_TYPE, APIError, Call, Reply, Route, Router
+from mqserver.web.router import JSON_TYPE, OPEN, WRITE, APIError, Call, Reply, Route, Router
 from mqserver.web.views import RateSampler
 
 log = Logger()
@@ -39,6 +39,7 @@ class WebAPI:
 
     broker: Any
     token: str | None = None
+    read_token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
     storage_name: str = "memory"
     started_at: float = 0.0
@@ -49,16 +50,21 @@ class WebAPI:
 
 
 def all_routes() -> list[Route]:
-    from mqserver.web import connections, dashboard, messages, metrics, openapi, queues
+    from mqserver.web import connections, dashboard, messages, metrics, moves, openapi, queues
 
     return [
         *dashboard.ROUTES, *metrics.ROUTES, *openapi.ROUTES, *connections.ROUTES,
-        *queues.ROUTES, *messages.ROUTES,
+        *queues.ROUTES, *messages.ROUTES, *moves.ROUTES,
     ]
 
 
 class APIResource(Resource):
-    """Answers every path: routes the request, checks the token, writes JSON."""
+    """Answers every path: routes the request, checks the token, writes JSON.
+
+    Who may call what is the route's ``needs``: ``OPEN`` routes answer
+    anyone, ``READ`` ones (message bodies, client addresses) want the token
+    or the read token, ``WRITE`` ones the token.
+    """
 
     isLeaf = True
 
@@ -73,8 +79,8 @@ class APIResource(Resource):
         try:
             route, params = self.router.match(method, list(request.postpath))
             check_params(self.api.limits, params)
-            if route.mutating:
-                self._authorize(request)
+            if route.needs != OPEN:
+                self._authorize(request, route.needs)
         except APIError as e:
             self._error(request, e)
             return server.NOT_DONE_YET
@@ -84,22 +90,25 @@ class APIResource(Resource):
         d.addErrback(self._failed, request, route, gone)
         return server.NOT_DONE_YET
 
-    def _authorize(self, request: server.Request) -> None:
-        token = self.api.token
-        if token is None:
-            raise APIError(
-                401,
-                "changes are disabled: start the server with --http-token or "
-                "--http-token-file to allow them",
-                {"WWW-Authenticate": 'Bearer realm="mqserver"'},
-            )
+    def _authorize(self, request: server.Request, needs: str) -> None:
+        tokens = [self.api.token]
+        if needs != WRITE:
+            tokens.append(self.api.read_token)
+        tokens = [t for t in tokens if t is not None]
+        if not tokens:
+            what = "changes are" if needs == WRITE else "reading messages and connections is"
+            options = "--http-token or --http-token-file" if needs == WRITE else \
+                "--http-token or --http-read-token (or their -file forms)"
+            raise APIError(401, f"{what} disabled: start the server with {options} to allow it",
+                           {"WWW-Authenticate": 'Bearer realm="mqserver"'})
         # bytes, not str: twisted.web decodes a str-keyed header as strict UTF-8,
         # so a client's non-UTF-8 header would be a 500 instead of a 401
         given = request.getHeader(b"authorization") or b""
         scheme, _, value = given.partition(b" ")
-        if scheme.lower() != b"bearer" or not hmac.compare_digest(
-            value.strip(), token.encode("utf-8")
-        ):
+        value = value.strip()
+        # every token compared, in constant time each: which one matched leaks nothing
+        matches = [hmac.compare_digest(value, t.encode("utf-8")) for t in tokens]
+        if scheme.lower() != b"bearer" or not any(matches):
             raise APIError(401, "missing or wrong bearer token",
                            {"WWW-Authenticate": 'Bearer realm="mqserver", error="invalid_token"'})
 
@@ -198,13 +207,19 @@ def build_site(
     max_body: int = DEFAULT_MAX_BODY,
     storage_name: str = "memory",
     limits: Limits | None = None,
+    read_token: str | None = None,
 ) -> APISite:
-    """The HTTP face of ``broker``, ready for ``endpoint.listen``."""
+    """The HTTP face of ``broker``, ready for ``endpoint.listen``.
+
+    ``token`` allows everything; ``read_token`` only the reads that show
+    message bodies and client addresses (see ``mqserver.web.router.READ``).
+    """
     from mqserver.web.metrics import make_registry
 
     api = WebAPI(
         broker=broker,
         token=token or None,
+        read_token=read_token or None,
         max_body=max_body,
         storage_name=storage_name,
         started_at=broker.clock.seconds(),

@@ -7,7 +7,7 @@ from typing import Any
 
 from mqserver.interfaces import IClientConnection
 from mqserver.web import fields
-from mqserver.web.router import APIError, Call, Route
+from mqserver.web.router import OPEN, APIError, Call, Route
 from mqserver.web.views import connection_view, consumer_view, overview
 
 
@@ -70,13 +70,15 @@ _CONNECTION = {"$ref": "#/components/schemas/Connection"}
 ROUTES = [
     Route("GET", "/api/overview", get_overview,
           "Totals: queues, messages, rates, connections by protocol, storage", "status",
-          returns={"type": "object"}),
+          returns={"type": "object"}, access=OPEN),
     Route("GET", "/api/connections", list_connections,
-          "Client connections of every protocol with their consumers", "connections",
+          "Client connections of every protocol with their peers and consumers (read token)",
+          "connections",
           query={"protocol": ({"type": "string"}, "only this protocol (mqks, phpmq, http...)")},
           returns={"type": "object", "properties": {
               "connections": {"type": "array", "items": _CONNECTION}}}),
-    Route("GET", "/api/connections/{id}", get_connection, "One connection", "connections",
+    Route("GET", "/api/connections/{id}", get_connection, "One connection (read token)",
+          "connections",
           returns=_CONNECTION, errors=(400, 404)),
     Route("DELETE", "/api/connections/{id}", close_connection,
           "Close a client connection; its unacked messages go back to their queues",
@@ -89,5 +91,6 @@ ROUTES = [
           "Every consumer with credit and unacked counts", "connections",
           query={"queue": ({"type": "string"}, "only consumers of this queue")},
           returns={"type": "object", "properties": {"consumers": {
-              "type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}}),
+              "type": "array", "items": {"$ref": "#/components/schemas/Consumer"}}}},
+          access=OPEN),
 ]

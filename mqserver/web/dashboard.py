@@ -11,7 +11,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-from mqserver.web.router import APIError, Call, Reply, Route
+from mqserver.web.router import OPEN, APIError, Call, Reply, Route
 
 STATIC = {
     "dashboard.js": "text/javascript; charset=utf-8",
@@ -44,7 +44,7 @@ def static(call: Call) -> Any:
 
 ROUTES = [
     Route("GET", "/", index, "The dashboard (HTML)", "dashboard",
-          content_type="text/html"),
+          content_type="text/html", access=OPEN),
     Route("GET", "/static/{file}", static, "The dashboard's script and style sheet",
-          "dashboard", content_type="text/javascript", errors=(404,)),
+          "dashboard", content_type="text/javascript", errors=(404,), access=OPEN),
 ]

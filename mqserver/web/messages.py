@@ -182,7 +182,7 @@ ROUTES = [
               "queues": {"type": "integer"}, "durable": {"type": "boolean"}}},
           errors=(400, 401, 413, 503, 507)),
     Route("GET", "/api/queues/{queue}/messages", peek,
-          "Peek at the oldest ready messages without consuming them", "messages",
+          "Peek at the oldest ready messages without consuming them (read token)", "messages",
           query={"limit": ({"type": "integer", "default": 10, "maximum": 1000},
                            "how many messages")},
           returns={"type": "object", "properties": {

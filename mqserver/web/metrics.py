@@ -23,7 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from mqserver.web.router import Call, Reply, Route, text
+from mqserver.web.router import OPEN, Call, Reply, Route, text
 from mqserver.web.views import QUEUE_COUNTERS, connections_by_protocol, storage_view
 
 
@@ -163,7 +163,8 @@ def make_registry(broker: Any, storage_name: str) -> CollectorRegistry:
 ROUTES = [
     Route("GET", "/health", health,
           "Liveness and storage status: 200 ok, 503 when the last storage batch failed",
-          "status", returns={"$ref": "#/components/schemas/Health"}, errors=(503,)),
+          "status", returns={"$ref": "#/components/schemas/Health"}, errors=(503,),
+          access=OPEN),
     Route("GET", "/metrics", metrics, "Prometheus metrics (text exposition format)", "status",
-          content_type=CONTENT_TYPE_LATEST),
+          content_type=CONTENT_TYPE_LATEST, access=OPEN),
 ]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mqserver.web.router import JSON_TYPE, Call, Route
+from mqserver.web.router import JSON_TYPE, OPEN, READ, WRITE, Call, Route
 
 _NUM = {"type": "number"}
 _INT = {"type": "integer"}
@@ -60,9 +60,16 @@ SCHEMAS: dict[str, Any] = {
             "store": {"type": "object", "additionalProperties": _NUM}}}}},
 }
 
+SECURITY: dict[str, list[dict[str, list[str]]]] = {
+    OPEN: [],
+    READ: [{"token": []}, {"readToken": []}],
+    WRITE: [{"token": []}],
+}
+"""What each kind of route (``Route.needs``) asks for, as OpenAPI security requirements."""
+
 _ERRORS = {
     400: "bad request: invalid JSON or field",
-    401: "bearer token missing or wrong (or no token configured)",
+    401: "bearer token missing or wrong (or no token configured for this)",
     404: "no such queue, connection, consumer or endpoint",
     405: "method not allowed",
     409: "conflict",
@@ -92,8 +99,9 @@ def _operation(route: Route) -> dict[str, Any]:
     if route.body is not None:
         op["requestBody"] = {"content": {JSON_TYPE: {"schema": route.body}}}
     errors = set(route.errors) | {405}
-    if route.mutating:
-        op["security"] = [{"bearer": []}]
+    # each entry is one way in: the token, or (for reads) the read token; [] is open
+    op["security"] = SECURITY[route.needs]
+    if route.needs != OPEN:
         errors |= {401}
     if route.body is not None:
         errors |= {400, 413}
@@ -115,12 +123,20 @@ def spec(routes: list[Route]) -> dict[str, Any]:
             "title": "mqserver HTTP API",
             "version": "1",
             "description": "Queues, messages, connections and health of one mqserver "
-                           "broker.  Names are UTF-8 text; changes need a bearer token.",
+                           "broker.  Names are UTF-8 text.  Changes need the bearer token "
+                           "(--http-token); reads that show message bodies or client "
+                           "addresses need it or the read token (--http-read-token); health, "
+                           "metrics and queue statistics are open.",
         },
         "paths": paths,
         "components": {
             "schemas": SCHEMAS,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "securitySchemes": {
+                "token": {"type": "http", "scheme": "bearer",
+                          "description": "--http-token: every route"},
+                "readToken": {"type": "http", "scheme": "bearer",
+                              "description": "--http-read-token: reads only"},
+            },
         },
     }
 
@@ -133,5 +149,5 @@ def openapi(call: Call) -> Any:
 
 ROUTES = [
     Route("GET", "/openapi.json", openapi, "This document (OpenAPI 3.1)", "status",
-          returns={"type": "object"}),
+          returns={"type": "object"}, access=OPEN),
 ]

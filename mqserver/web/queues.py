@@ -11,7 +11,7 @@ from mqserver.broker.overflow import OVERFLOW_POLICIES
 from mqserver.limits import Limits
 from mqserver.model import QueueOptions
 from mqserver.web import fields
-from mqserver.web.router import APIError, Call, Reply, Route, raw, text
+from mqserver.web.router import OPEN, APIError, Call, Reply, Route, raw, text
 from mqserver.web.views import queue_view
 
 _QUEUE = {"$ref": "#/components/schemas/Queue"}
@@ -172,9 +172,10 @@ ROUTES = [
                  "limit": ({"type": "integer", "default": 10000}, "at most this many")},
           returns={"type": "object", "properties": {
               "queues": {"type": "array", "items": _QUEUE}, "total": {"type": "integer"}}},
-          errors=(400,)),
+          errors=(400,), access=OPEN),
     Route("GET", "/api/queues/{queue}", get_queue,
-          "One queue with its bindings and consumers", "queues", returns=_QUEUE, errors=(404,)),
+          "One queue with its bindings and consumers", "queues", returns=_QUEUE, errors=(404,),
+          access=OPEN),
     Route("PUT", "/api/queues/{queue}", put_queue,
           "Create a queue (201) or change its options (200)", "queues",
           body=_OPTIONS_IN, returns=_QUEUE, status=201, errors=(400, 401, 413)),
@@ -188,7 +189,7 @@ ROUTES = [
           errors=(401, 404)),
     Route("GET", "/api/queues/{queue}/bindings", get_bindings,
           "The events and masks a queue is bound to", "bindings", returns=_BINDINGS,
-          errors=(404,)),
+          errors=(404,), access=OPEN),
     Route("POST", "/api/queues/{queue}/bindings", change_bindings,
           "Change bindings: replace, then remove, then remove by mask, then add", "bindings",
           body={"type": "object", "properties": {

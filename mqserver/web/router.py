@@ -21,6 +21,13 @@ if TYPE_CHECKING:
 
 JSON_TYPE = "application/json"
 
+OPEN = "open"
+"""Anyone who reaches the port: health, metrics, the dashboard's files, queue stats."""
+READ = "read"
+"""A read that shows message bodies or client addresses: the token or the read token."""
+WRITE = "write"
+"""A change: the token (``--http-token``) only."""
+
 
 class APIError(Exception):
     """An error answer: ``status`` with ``{"error": message}`` as its body."""
@@ -50,7 +57,9 @@ class Route:
     """One method on one path pattern; ``{name}`` segments are parameters.
 
     ``body`` and ``returns`` are JSON Schema fragments for ``/openapi.json``;
-    ``query`` maps query parameters to (schema, description).
+    ``query`` maps query parameters to (schema, description).  ``access``
+    says who may call it (``needs``): left out, a read needs a token, so a
+    new route is closed unless it is marked ``OPEN`` on purpose.
     """
 
     method: str
@@ -64,11 +73,18 @@ class Route:
     errors: tuple[int, ...] = ()
     status: int = 200
     content_type: str = JSON_TYPE
+    access: str | None = None
 
     @property
     def mutating(self) -> bool:
-        """Everything but a read needs the bearer token."""
         return self.method not in ("GET", "HEAD")
+
+    @property
+    def needs(self) -> str:
+        """``OPEN``, ``READ`` or ``WRITE``: every change is ``WRITE``, whatever ``access`` says."""
+        if self.mutating:
+            return WRITE
+        return self.access if self.access is not None else READ
 
     @property
     def segments(self) -> tuple[str, ...]:

@@ -20,7 +20,7 @@ from mqserver.model import Message
 from mqserver.web.router import text
 
 QUEUE_COUNTERS = ("enqueued", "delivered", "acked", "rejected", "requeued", "expired",
-                  "dead_lettered", "refused")
+                  "dead_lettered", "refused", "moved")
 RATE_NAMES = ("publish", "deliver", "ack")
 
 

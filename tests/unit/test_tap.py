@@ -83,14 +83,16 @@ def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret\n")
     options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
-                    f"--http-token-file={token}", "--http-max-body=1000")
+                    f"--http-token-file={token}", "--http-max-body=1000",
+                    "--http-read-token=reader")
     reactor = MemoryReactorClock()
     service = tap.makeService(options, reactor=reactor)
     service.startService()
     http = [(port, factory.wrappedFactory) for port, factory, _, interface in reactor.tcpServers
             if (port, interface) == (8080, "127.0.0.1")]
     assert [type(factory).__name__ for _, factory in http] == ["APISite"]
-    assert (http[0][1].api.token, http[0][1].max_body) == ("s3cret", 1000)
+    api = http[0][1].api
+    assert (api.token, api.read_token, http[0][1].max_body) == ("s3cret", "reader", 1000)
     assert service.stopService().called
     options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
                     "--no-http")
@@ -107,6 +109,12 @@ def test_http_token_options_are_checked(tmp_path):
     (tmp_path / "empty").write_text("  \n")
     with pytest.raises(usage.UsageError, match="is empty"):
         parse(f"--http-token-file={tmp_path / 'empty'}")
+    with pytest.raises(usage.UsageError, match="--http-read-token or --http-read-token-file"):
+        parse("--http-read-token=a", f"--http-read-token-file={tmp_path / 'token'}")
+    with pytest.raises(usage.UsageError, match="cannot read --http-read-token-file"):
+        parse(f"--http-read-token-file={tmp_path / 'missing'}")
+    (tmp_path / "reader").write_text("r3ad\n")
+    assert parse(f"--http-read-token-file={tmp_path / 'reader'}")["http-read-token"] == "r3ad"
 
 
 @pytest.mark.parametrize(

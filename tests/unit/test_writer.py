@@ -145,3 +145,33 @@ def test_big_backlogs_go_out_in_capped_batches_and_waiters_wait_for_all():
     store.pending[2].callback(None)
     assert done.called
     assert [op for b in store.batches for op in b] == [(n,) for n in range(7)]
+
+
+def test_the_batch_cap_never_separates_an_op_from_the_one_it_is_glued_to():
+    clock, store = Clock(), SlowStore()
+    writer = StoreWriter(store, clock, max_batch=3)
+    writer.add((0,))
+    for n in (1, 3, 5):
+        writer.add((n,))
+        writer.add_with_previous((n + 1,))
+    done = writer.wait()
+    clock.advance(0)
+    store.pending[0].callback(None)
+    store.pending[1].callback(None)
+    assert store.batches == [[(0,), (1,), (2,)], [(3,), (4,), (5,), (6,)]]
+    assert done.called and not writer._glued
+
+
+def test_glued_ops_stay_glued_when_their_batch_fails_and_is_sent_again():
+    clock, store = Clock(), SlowStore()
+    writer = StoreWriter(store, clock, max_batch=1)
+    writer.add(("a",))
+    writer.add_with_previous(("b",))
+    writer.add(("c",))
+    clock.advance(0)
+    store.pending[0].errback(OSError("disk full"))
+    clock.advance(writer.retry_delay)
+    assert store.batches == [[("a",), ("b",)], [("a",), ("b",)]]
+    store.pending[1].callback(None)
+    store.pending[2].callback(None)
+    assert store.batches[2] == [("c",)] and not writer._glued

@@ -32,10 +32,12 @@ def result(d: Deferred) -> Any:
 class Web:
     """``request`` returns (status, decoded body); ``start`` leaves a request pending."""
 
-    def __init__(self, store: Any = None, token: str | None = TOKEN, max_body: int = 1000):
+    def __init__(self, store: Any = None, token: str | None = TOKEN, max_body: int = 1000,
+                 read_token: str | None = None):
         self.clock = Clock()
         self.broker = Broker(store or MemoryStore(), self.clock)
-        self.site = build_site(self.broker, token=token, max_body=max_body)
+        self.site = build_site(self.broker, token=token, max_body=max_body,
+                               read_token=read_token)
         self.api = self.site.api
         self.stub = StubTreq(self.site.resource)
         self.client = HTTPClient("http://mq.test", token=token, http=self.stub)
@@ -81,5 +83,5 @@ def web() -> Web:
 
 @pytest.fixture
 def make_web() -> type[Web]:
-    """``make_web(store=..., token=..., max_body=...)`` for a non-default setup."""
+    """``make_web(store=..., token=..., max_body=..., read_token=...)`` for a non-default setup."""
     return Web
