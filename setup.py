@@ -32,6 +32,7 @@ setup(
     packages=[
         "mqserver",
         "mqserver.broker",
+        "mqserver.crashtest",
         "mqserver.storage",
         "mqserver.protocols",
         "mqserver.protocols.mqks",

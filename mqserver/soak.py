@@ -34,11 +34,10 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mqserver import crashtest
 from mqserver.crashtest import Lines
 from mqserver.protocols.phpmq import codec as phpmq
 
@@ -46,8 +45,15 @@ QUEUES = {b"soak-a": b"soak.a", b"soak-b": b"soak.b", b"default": None}
 EMQP = b"eMQP/1.0"
 
 
-class Ledger(crashtest.Ledger):
-    """The crash test's ledger (published, confirmed, ack sent, ack done), fed bodies."""
+@dataclass
+class Ledger:
+    """What the clients know: published, confirmed, ack sent, ack done (bodies)."""
+
+    published: set[str] = field(default_factory=set)
+    confirmed: set[str] = field(default_factory=set)
+    ack_sent: set[str] = field(default_factory=set)
+    acked: set[str] = field(default_factory=set)
+    lock: threading.Condition = field(default_factory=threading.Condition)
 
     def add(self, name: str, ids: list[bytes]) -> None:
         with self.lock:
