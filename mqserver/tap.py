@@ -86,6 +86,10 @@ class Options(usage.Options):
          "A second bearer token that allows only the reads (peeking at messages, listing "
          "connections), e.g. for a support team's dashboard."],
         ["http-read-token-file", None, None, "Read the HTTP read token from this file."],
+        ["metrics", None, None,
+         "Also serve /health and /metrics, and nothing else, on this endpoint: for a "
+         "Prometheus or load-balancer port on another interface while the API and the "
+         "dashboard stay on --http (see docs/operations.md)."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
         ["max-name-bytes", None, 255,
@@ -300,4 +304,12 @@ def makeService(config: Options, reactor: Any = None) -> IService:
                           read_token=config["http-read-token"])
         endpoint = endpoints.serverFromString(reactor, config["http"])
         Listener("http", endpoint, guarded(site, "http"), reactor).setServiceParent(service)
+    if config["metrics"]:
+        from mqserver.web import metrics
+        from mqserver.web.app import build_site
+
+        site = build_site(broker, storage_name=config["storage"], routes=metrics.ROUTES)
+        endpoint = endpoints.serverFromString(reactor, config["metrics"])
+        Listener("metrics", endpoint, guarded(site, "metrics"), reactor).setServiceParent(
+            service)
     return service

@@ -113,8 +113,15 @@ class HTTPAPIDirective(Directive):
 
     def _operation(self, operation: dict[str, Any]) -> list[nodes.Node]:
         body: list[nodes.Node] = [_paragraph(operation["summary"])]
-        if operation.get("security"):
+        schemes = {name for requirement in operation.get("security", [])
+                   for name in requirement}
+        if schemes == {"token"}:
             body.append(_paragraph("Needs the bearer token (--http-token)."))
+        elif schemes:
+            body.append(_paragraph("Needs the bearer token (--http-token) "
+                                   "or the read token (--http-read-token)."))
+        else:
+            body.append(_paragraph("Open: needs no token."))
         params = nodes.bullet_list()
         for param in operation.get("parameters", []):
             text = f" ({param['in']})"

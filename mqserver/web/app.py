@@ -208,11 +208,14 @@ def build_site(
     storage_name: str = "memory",
     limits: Limits | None = None,
     read_token: str | None = None,
+    routes: list[Route] | None = None,
 ) -> APISite:
     """The HTTP face of ``broker``, ready for ``endpoint.listen``.
 
     ``token`` allows everything; ``read_token`` only the reads that show
     message bodies and client addresses (see ``mqserver.web.router.READ``).
+    ``routes`` (default: all) narrows what it serves, e.g. the ``--metrics``
+    listener's ``/health`` and ``/metrics``.
     """
     from mqserver.web.metrics import make_registry
 
@@ -227,4 +230,4 @@ def build_site(
     )
     api.consumers = HTTPConsumers(broker)
     api.registry = make_registry(broker, storage_name)
-    return APISite(api, APIResource(api))
+    return APISite(api, APIResource(api, routes))

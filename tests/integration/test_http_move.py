@@ -4,7 +4,7 @@ Messages are dead-lettered the way they are in production (rejected by a
 consumer past their ``x-max-retries``), moved back with ``HTTPClient.move``,
 and the server is killed the moment the move is answered: what restarts
 must hold the move.  The same server checks who may read what with the
-token, the read token and no token.
+token, the read token and no token, and what its ``--metrics`` listener serves.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ def http() -> Iterator[TreqClient]:
 def test_a_replayed_dead_letter_queue_survives_kill_9(start_server, tmp_path, http, storage):
     args = (f"--protocol=mqks:{LISTEN}", f"--http={LISTEN}", f"--http-token={TOKEN}",
             f"--http-read-token={READ_TOKEN}", f"--data-dir={tmp_path / 'data'}",
+            f"--metrics={LISTEN}",
             *STORES[storage])
     server = start_server(*args)
     base = f"http://127.0.0.1:{server.ports['http']}"
@@ -79,4 +80,11 @@ def test_a_replayed_dead_letter_queue_survives_kill_9(start_server, tmp_path, ht
     assert (yield anyone.health())["status"] == "ok"
     assert "mqserver_queue_moved" in (yield anyone.metrics())
     assert (yield anyone.queue("jobs"))["depth"] == 20
+    # the --metrics listener: health and metrics, nothing else, whatever the token
+    scrape = HTTPClient(f"http://127.0.0.1:{server.ports['metrics']}", token=TOKEN, http=http)
+    assert (yield scrape.health())["status"] == "ok"
+    assert 'mqserver_queue_depth{queue="jobs"} 20.0' in (yield scrape.metrics())
+    with pytest.raises(APIError) as caught:
+        yield scrape.peek("jobs")
+    assert caught.value.status == 404
     assert "Traceback" not in server.text()

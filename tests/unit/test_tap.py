@@ -101,6 +101,27 @@ def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
     assert [port for port, *_ in reactor.tcpServers] == [4321]
 
 
+def test_metrics_listener_serves_health_and_metrics_and_nothing_else():
+    from treq.testing import StubTreq
+
+    options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
+                    "--no-http", "--metrics=tcp:9100:interface=0.0.0.0")
+    reactor = MemoryReactorClock()
+    service = tap.makeService(options, reactor=reactor)
+    service.startService()
+    [site] = [factory.wrappedFactory for port, factory, _, interface in reactor.tcpServers
+              if (port, interface) == (9100, "0.0.0.0")]
+    stub = StubTreq(site.resource)
+    statuses = {}
+    for path in ("/metrics", "/health", "/api/queues", "/", "/api/queues/q/messages"):
+        response = stub.get("http://mq.test" + path)
+        stub.flush()
+        statuses[path] = response.result.code
+    assert statuses == {"/metrics": 200, "/health": 200, "/api/queues": 404, "/": 404,
+                        "/api/queues/q/messages": 404}
+    assert service.stopService().called
+
+
 def test_http_token_options_are_checked(tmp_path):
     with pytest.raises(usage.UsageError, match="not both"):
         parse("--http-token=a", f"--http-token-file={tmp_path / 'token'}")
