@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 SOURCES := setup.py $(shell find mqserver twisted -name '*.py' 2>/dev/null)
 PYTEST_ARGS ?=
 
-.PHONY: run test lint wheel-test docs clean bench-setup bench
+.PHONY: run test lint wheel-test docs clean bench-setup bench postgres-setup
 
 # Strict editable mode links every file into a tree twistd can scan for
 # plugins; the default (lenient) mode hides twisted/plugins from it.  Strict
@@ -13,7 +13,7 @@ PYTEST_ARGS ?=
 $(VENV)/.installed: $(SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,docs,analytics]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install -q -e '.[test,docs,analytics,postgres]' --config-settings editable_mode=strict
 	touch $@
 
 run: $(VENV)/.installed
@@ -49,6 +49,16 @@ bench-setup:
 	    beanstalkd redis-server && \
 	{ $$sudo systemctl disable --now beanstalkd redis-server 2>/dev/null || \
 	  { $$sudo service beanstalkd stop; $$sudo service redis-server stop; } 2>/dev/null || true; }
+
+# Debian's PostgreSQL server, for the --storage=postgres tests (.ci/run does
+# the same): the tests start their own clusters on free loopback ports, as the
+# postgres user when run as root, so the packaged service is stopped.
+postgres-setup:
+	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
+	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+	    postgresql && \
+	{ $$sudo systemctl disable --now postgresql 2>/dev/null || \
+	  $$sudo service postgresql stop 2>/dev/null || true; }
 
 bench: $(VENV)/.installed
 	$(BIN)/python -m bench --markdown bench-latest.md --json bench-latest.json

@@ -55,6 +55,8 @@ setup(
     ],
     package_data={"mqserver.storage": ["schema/*.sql"], "mqserver.web": ["static/*"]},
     extras_require={
+        # --storage=postgres: psycopg 3 with its binary wheel (libpq included)
+        "postgres": ["psycopg[binary]>=3.1"],
         # the journal analytics pipeline (mqserver-analytics); ~500 MB of jars
         "analytics": ["pyspark>=4.2,<5", "pyarrow", "matplotlib"],
         "test": [

@@ -208,9 +208,35 @@ class LogStoragePlugin:
         )
 
 
+@implementer(IPlugin, IStoragePlugin)
+class PostgresStoragePlugin:
+    name = "postgres"
+    description = ("a PostgreSQL database (--postgres-dsn; one transaction per batch; "
+                   "needs mqserver[postgres])")
+    options = [
+        ["postgres-dsn", None, "",
+         "postgres: libpq connection string or URI, e.g. 'host=db dbname=mq user=mq' or "
+         "postgresql://mq@db/mq; empty: libpq's defaults and PG* environment variables."],
+        ["postgres-lock-wait", None, 10.0,
+         "postgres: seconds to wait at start for the store's lock, which another mqserver "
+         "on the same database and schema holds while it runs.", float],
+    ]
+
+    def build_store(self, config: Any, reactor: Any) -> Any:
+        try:
+            from mqserver.storage.postgres import PostgresStore
+        except ImportError as e:
+            raise SystemExit(
+                f"--storage=postgres needs psycopg 3: pip install 'mqserver[postgres]' ({e})"
+            ) from e
+        return PostgresStore(str(config.get("postgres-dsn", "")), reactor,
+                             lock_wait=float(config.get("postgres-lock-wait", 10.0)))
+
+
 mqks = MQKSProtocolPlugin()
 phpmq = PHPMQProtocolPlugin()
 emqp = EMQPProtocolPlugin()
 memory = MemoryStoragePlugin()
 sqlite = SQLiteStoragePlugin()
 logstore = LogStoragePlugin()
+postgres = PostgresStoragePlugin()

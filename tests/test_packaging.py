@@ -35,4 +35,5 @@ def test_wheel_contents(tmp_path):
     assert "mqserver/storage/schema/sqlite-v1.sql" in names
     assert "mqserver/storage/schema/sqlite-v1-to-v2.sql" in names
     assert "mqserver/storage/schema/sqlite-v2-to-v3.sql" in names
+    assert "mqserver/storage/schema/postgres-v1.sql" in names
     assert not any(name.startswith("tests/") for name in names)

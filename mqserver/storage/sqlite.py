@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 from sqlite_utils import Database
-from twisted.internet.defer import Deferred, fail, succeed
+from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 from zope.interface import implementer
 
@@ -207,9 +207,6 @@ class SQLiteStore:
     # -- reactor side -------------------------------------------------------
 
     def open(self) -> Deferred[Recovered]:
-        self._thread.start()
-        d = self._thread.run(self._open_thd)
-
         def opened(result: tuple[Recovered, str | None]) -> Recovered:
             recovered, upgraded = result
             if upgraded:
@@ -217,11 +214,7 @@ class SQLiteStore:
             self.is_open = True
             return recovered
 
-        def failed(failure: Any) -> Any:
-            self._thread.stop()
-            return failure
-
-        return d.addCallbacks(opened, failed)
+        return self._thread.start_with(self._open_thd).addCallback(opened)
 
     def apply(self, ops: list[tuple[Any, ...]]) -> Deferred[None]:
         if not self.is_open:
@@ -248,15 +241,7 @@ class SQLiteStore:
 
     def close(self) -> Deferred[None]:
         self.is_open = False
-        if not self._thread.running:
-            return succeed(None)
-        d = self._thread.run(self._close_thd)
-
-        def stop(result: Any) -> Any:
-            self._thread.stop()
-            return result
-
-        return d.addBoth(stop)
+        return self._thread.stop_after(self._close_thd)
 
     def run_thd(self, function: Any, *args: Any) -> Deferred[Any]:
         """Run ``function(connection, *args)`` in the store thread (tests, maintenance)."""

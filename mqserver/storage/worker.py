@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.threads import deferToThreadPool
 from twisted.python.threadpool import ThreadPool
 
@@ -61,6 +61,27 @@ class StoreThread:
         if self._pool is None:
             raise RuntimeError(f"{self._name} thread is not running")
         return deferToThreadPool(self._reactor, self._pool, function, *args, **kwargs)
+
+    def start_with(self, function: Callable[[], T]) -> Deferred[T]:
+        """Start the thread and run ``function`` (a store's open) first; a failure stops it."""
+        self.start()
+
+        def failed(failure: Any) -> Any:
+            self.stop()
+            return failure
+
+        return self.run(function).addErrback(failed)
+
+    def stop_after(self, function: Callable[[], None]) -> Deferred[None]:
+        """Run ``function`` (a store's close) last, then stop the thread, whatever it did."""
+        if self._pool is None:
+            return succeed(None)
+
+        def stop(result: Any) -> Any:
+            self.stop()
+            return result
+
+        return self.run(function).addBoth(stop)
 
     def stop(self) -> None:
         """Let queued work finish, then join the thread (it is idle by then)."""

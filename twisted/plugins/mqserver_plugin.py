@@ -7,7 +7,7 @@ here import their implementations only when they build one.
 
 from twisted.application.service import ServiceMaker
 
-from mqserver.plugins import emqp, logstore, memory, mqks, phpmq, sqlite
+from mqserver.plugins import emqp, logstore, memory, mqks, phpmq, postgres, sqlite
 
 mqserver = ServiceMaker(
     "mqserver",
@@ -16,4 +16,4 @@ mqserver = ServiceMaker(
     "mqserver",
 )
 
-__all__ = ["emqp", "logstore", "memory", "mqks", "mqserver", "phpmq", "sqlite"]
+__all__ = ["emqp", "logstore", "memory", "mqks", "mqserver", "phpmq", "postgres", "sqlite"]
