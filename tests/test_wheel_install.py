@@ -23,7 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILT_IN_PROTOCOLS = {"mqks", "phpmq", "emqp"}
-BUILT_IN_STORAGE = {"sqlite", "log", "memory"}
+BUILT_IN_STORAGE = {"sqlite", "log", "memory", "postgres"}
 IGNORE = shutil.ignore_patterns(
     ".venv*", ".git", "build", "dist", "*.egg-info", ".tox", "__pycache__", ".hypothesis",
     ".pytest_cache", "dropin.cache", "_build", "data", "artifacts",

@@ -88,7 +88,15 @@ _COPY_OUT = (
 # different schemas of one database do not exclude each other
 _LOCK_KEY = "SELECT hashtextextended('mqserver:' || current_schema(), 0)"
 _LOCK = "SELECT pg_advisory_lock(%s)"
-DEFAULT_PARAMS = {"application_name": "mqserver", "connect_timeout": "10"}
+# libpq parameters a DSN may override.  The keepalives and the TCP user
+# timeout bound how long a batch can hang on a database host that vanished
+# (no FIN, no RST) to about 30 s, instead of the kernel's two hours: the
+# batch then fails like any other lost session.
+DEFAULT_PARAMS = {
+    "application_name": "mqserver", "connect_timeout": "10",
+    "keepalives": "1", "keepalives_idle": "10", "keepalives_interval": "5",
+    "keepalives_count": "3", "tcp_user_timeout": "30000",
+}
 
 
 @implementer(IMessageStore)
