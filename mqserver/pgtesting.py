@@ -11,6 +11,8 @@ killed) by the PID this process started::
     dsn = cluster.dsn()                     # host=127.0.0.1 port=N ...
     cluster.restart(mode="immediate")       # a crash of the database server
     cluster.kill()                          # kill -9 of the whole server
+    replica = cluster.replica("r1", synchronous=True)   # pg_basebackup, streaming
+    replica.promote()                       # the replica becomes a primary
     cluster.destroy()                       # stop and delete the directory
 
 Why the details:
@@ -30,8 +32,9 @@ Why the details:
   survives both; what fsync adds is survival of a power cut, which no test
   here can cause.
 - **Stopped by PID**: ``postgres`` is started directly (no ``pg_ctl``, no
-  service), in a session of its own, so ``kill()`` can SIGKILL the
-  postmaster and every backend at once, as a lost machine would.
+  service), so its PID is ours to signal; ``kill()`` SIGKILLs the
+  postmaster and every process it forked (found in ``/proc``: each backend
+  is a session of its own) at once, as a lost machine would.
 """
 
 from __future__ import annotations
@@ -109,6 +112,25 @@ def server_user() -> pwd.struct_passwd | None:
             check=True, capture_output=True,
         )
         return pwd.getpwnam(RUN_AS)
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from ``/proc``)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[1]) == pid:
+                found.append(int(stat.parent.name))
+    return found
+
+
+def process_running(pid: int) -> bool:
+    """Alive and not a zombie (a zombie waits for its parent to reap it, and holds nothing)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 class PostgresCluster:
@@ -253,17 +275,17 @@ class PostgresCluster:
 
     @staticmethod
     def _kill_group(process: subprocess.Popen[bytes]) -> None:
+        """SIGKILL the postmaster and its children (each of which is a session of its own)."""
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
+            os.kill(process.pid, signal.SIGSTOP)  # no more forks while we look
+        children = _children(process.pid)
+        for pid in [*children, process.pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         process.wait()
-        # backends are in the same session; give the kernel a moment to reap them,
-        # else a restart finds the old shared memory still attached
+        # a restart must not find the old shared memory still attached
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(process.pid, 0)
-            except ProcessLookupError:
-                return
+        while any(process_running(pid) for pid in children) and time.monotonic() < deadline:
             time.sleep(0.02)
 
     def restart(self, mode: str = "fast") -> None:
@@ -286,6 +308,47 @@ class PostgresCluster:
         """A new, empty database; returns its DSN."""
         self.psql(f'CREATE DATABASE "{name}"')
         return self.dsn(name)
+
+    def replica(self, name: str = "replica", synchronous: bool = False) -> PostgresCluster:
+        """A streaming replica of this running cluster, started (``pg_basebackup -R``).
+
+        It connects as ``application_name=name``; ``synchronous`` makes it the
+        primary's synchronous standby (``synchronous_standby_names``), so a
+        commit on the primary returns only once the replica has its WAL.
+        """
+        standby = PostgresCluster(Path(tempfile.mkdtemp(prefix="mqserver-pg-")), self.bindir,
+                                  settings=self.settings)
+        try:
+            standby._chown(standby.directory)
+            (standby.directory / "socket").mkdir()
+            standby._chown(standby.directory / "socket")
+            standby._run([str(self.bindir / "pg_basebackup"), "--pgdata", str(standby.data),
+                          "--dbname", self.dsn(), "--write-recovery-conf",
+                          "--wal-method", "stream", "--no-sync"])
+            with (standby.data / "postgresql.auto.conf").open("a") as conf:
+                conf.write(f"primary_conninfo = '{self.dsn(application_name=name)}'\n")
+            standby.start()
+        except BaseException:
+            standby.destroy()
+            raise
+        if synchronous:
+            self.psql(f"ALTER SYSTEM SET synchronous_standby_names = '{name}'")
+            self.psql("SELECT pg_reload_conf()")
+            self.wait_for(f"SELECT sync_state FROM pg_stat_replication "
+                          f"WHERE application_name = '{name}'", "sync")
+        return standby
+
+    def wait_for(self, sql: str, answer: str, timeout: float = 30.0) -> None:
+        """Poll ``sql`` until it answers ``answer`` (a replica's state, a promotion)."""
+        deadline = time.monotonic() + timeout
+        while (got := self.psql(sql).strip()) != answer:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{sql!r} still answers {got!r}, not {answer!r}")
+            time.sleep(0.05)
+
+    def promote(self, timeout: float = 30.0) -> None:
+        """Make this replica a primary (``pg_promote``), waiting until it takes writes."""
+        self.psql(f"SELECT pg_promote(true, {int(timeout)})")
 
     def destroy(self) -> None:
         """Stop the server (fast, then by force) and delete its directory."""
