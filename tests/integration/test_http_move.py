@@ -88,3 +88,91 @@ def test_a_replayed_dead_letter_queue_survives_kill_9(start_server, tmp_path, ht
         yield scrape.peek("jobs")
     assert caught.value.status == 404
     assert "Traceback" not in server.text()
+
+
+def request(port: int, method: str, path: str, body: bytes = b"") -> bytes:
+    """One raw HTTP/1.1 request, sent without waiting for its answer."""
+    return (f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+            f"Authorization: Bearer {TOKEN}\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+
+
+def read_json(port: int, path: str, body: bytes | None = None) -> dict:
+    import json
+    import urllib.request
+
+    ask = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
+                                 headers={"Authorization": f"Bearer {TOKEN}",
+                                          "Content-Type": "application/json"})
+    with urllib.request.urlopen(ask, timeout=30) as answer:
+        return json.load(answer)
+
+
+@pytest.mark.parametrize("storage", sorted(STORES))
+def test_kill_9_during_a_large_move_leaves_each_message_in_one_queue(start_server, tmp_path,
+                                                                      line_client, storage):
+    """A move of 30,000 messages spans several store batches (10,000 ops each); the
+    server is killed while they are written, and restarted.  The kill's delay after
+    the request is searched (doubled while nothing had moved, halved back while all
+    had) until a kill falls in the middle of a move, for at most eight rounds, each
+    moving the messages to the queue that holds none.
+
+    Where the kill falls depends on the machine's speed, so the test does not
+    insist on a cut in the middle; tests/unit/test_moving.py checks every cut
+    point of a move deterministically.
+    """
+    import socket
+    import time
+
+    count = 30_000
+    args = (f"--protocol=mqks:{LISTEN}", f"--http={LISTEN}", f"--http-token={TOKEN}",
+            f"--data-dir={tmp_path / 'data'}", *STORES[storage])
+    cuts: list[tuple[float, int]] = []
+    early, late = 0.0, None  # kill delays known to be before and after the whole move
+    delay = 0.1
+    for _ in range(8):
+        server = start_server(*args)
+        port = server.ports["http"]
+        if not cuts:  # first round: fill the source
+            with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+                s.sendall(request(port, "PUT", "/api/queues/to") +
+                          request(port, "PUT", "/api/queues/barrier") +
+                          request(port, "PUT", "/api/queues/from", b'{"bindings": ["ev"]}'))
+                s.recv(65536)
+            client = line_client(server.ports["mqks"])
+            client.send(*(f"m{i} publish ev body-{i}" for i in range(count)))
+            client.send("sync ping done")
+            assert client.read(1) == [b"sync ok done"]
+            # a durable publish waits for every op before it: the fill is on disk
+            read_json(port, "/api/queues/barrier/messages", b'{"body": "x", "durable": true}')
+        before = {q: read_json(port, f"/api/queues/{q}")["depth"] for q in ("from", "to")}
+        assert sum(before.values()) == count
+        target = "to" if before["from"] else "from"  # back and forth between rounds
+        source = "from" if target == "to" else "to"
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(request(port, "POST", f"/api/queues/{source}/move",
+                              f'{{"to": "{target}"}}'.encode()))
+            time.sleep(delay)
+            server.process.kill()
+            server.process.wait()
+        server = start_server(*args)
+        port = server.ports["http"]
+        depths = {q: read_json(port, f"/api/queues/{q}")["depth"] for q in ("from", "to")}
+        assert sum(depths.values()) == count, (delay, depths)
+        ids = set()
+        for name, depth in depths.items():
+            if depth:
+                peeked = read_json(port, f"/api/queues/{name}/messages?limit=1000")
+                ids.update(m["id"] for m in peeked["messages"])
+        assert len(ids) == min(depths["from"], 1000) + min(depths["to"], 1000)  # none in both
+        moved = depths[target]
+        cuts.append((round(delay, 3), moved))
+        server.stop()
+        if 0 < moved < count:
+            break
+        if moved == 0:
+            early = delay
+        else:
+            late = delay
+        delay = delay * 2 if late is None else (early + late) / 2
+    print(f"{storage}: (kill delay, messages moved when killed): {cuts}")
