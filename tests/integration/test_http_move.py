@@ -9,6 +9,10 @@ token, the read token and no token, and what its ``--metrics`` listener serves.
 
 from __future__ import annotations
 
+import json
+import socket
+import time
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
@@ -98,9 +102,6 @@ def request(port: int, method: str, path: str, body: bytes = b"") -> bytes:
 
 
 def read_json(port: int, path: str, body: bytes | None = None) -> dict:
-    import json
-    import urllib.request
-
     ask = urllib.request.Request(f"http://127.0.0.1:{port}{path}", data=body,
                                  headers={"Authorization": f"Bearer {TOKEN}",
                                           "Content-Type": "application/json"})
@@ -121,9 +122,6 @@ def test_kill_9_during_a_large_move_leaves_each_message_in_one_queue(start_serve
     insist on a cut in the middle; tests/unit/test_moving.py checks every cut
     point of a move deterministically.
     """
-    import socket
-    import time
-
     count = 30_000
     args = (f"--protocol=mqks:{LISTEN}", f"--http={LISTEN}", f"--http-token={TOKEN}",
             f"--data-dir={tmp_path / 'data'}", *STORES[storage])
