@@ -10,6 +10,7 @@ imports its implementation only when asked to build it.
 from __future__ import annotations
 
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from twisted.plugin import IPlugin
 from zope.interface import implementer
@@ -30,6 +31,10 @@ class MQKSProtocolPlugin:
          "(a consumer waiting on an empty queue counts as idle); 0: never.", float],
     ]
 
+    def __init__(self) -> None:
+        # one config['workers'] list per broker, shared by its MQKS listeners
+        self._workers: WeakKeyDictionary[Any, list[str]] = WeakKeyDictionary()
+
     def build_factory(self, broker: Any, config: Any) -> Any:
         from mqserver.limits import Limits
         from mqserver.protocols.mqks.protocol import MQKSFactory
@@ -38,6 +43,7 @@ class MQKSProtocolPlugin:
             broker,
             max_line=int(config.get("mqks-max-line", 16 * 1024 * 1024)),
             limits=Limits.from_config(config),
+            workers=self._workers.setdefault(broker, []),
         )
 
     def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:

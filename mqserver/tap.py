@@ -216,6 +216,11 @@ class Listener(Service):
             host=getattr(address, "host", address),
             port=getattr(address, "port", ""),
         )
+        # a protocol that tells clients where it listens (MQKS's config['workers'])
+        factory = getattr(self.factory, "wrappedFactory", self.factory)
+        listening = getattr(factory, "listening", None)
+        if listening is not None:
+            listening(address)
 
     def _failed(self, failure: Any) -> None:
         log.failure("{protocol} could not listen", failure, protocol=self.protocol)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 EID = re.compile(rb"^\S+ error \d{20}[0-9a-zA-Z]{4}$")
 
 
@@ -128,3 +130,34 @@ def test_a_pipelined_burst_is_refused_and_answered_in_line_order(connect):
     assert all(EID.match(line) for i, line in enumerate(lines) if i != 2)
     c.send("c2 consume q")
     assert c.read(3) == [b"c2 ok m%d event=e body %d" % (n, n) for n in range(3)]
+
+
+@pytest.mark.parametrize("storage", ["memory", "sqlite", "log"])
+def test_a_consume_confirm_comes_first_with_every_backend(start_server, line_client, storage):
+    """The original answers ``ok `` before any delivery.  Here a durable store's
+    confirm waits for its commit: a queue holding messages that its previous
+    consumer just returned, and a publish in the same chunk as the consume
+    (a store batch in flight), must still get the confirm first."""
+    server = start_server(f"--storage={storage}", "--protocol=mqks:tcp:0:interface=127.0.0.1")
+    port = server.ports["mqks"]
+    old, publisher = line_client(port), line_client(port)
+    old.send("a consume --confirm q e --manual-ack")
+    assert old.read(1) == [b"a ok "]
+    publisher.send(*[f"m{n} publish e body {n}" for n in range(20)])
+    assert len(old.read(20)) == 20
+    old.close()  # all twenty go back to q
+    for attempt in range(3):
+        new = line_client(port)
+        new.send(f"x{attempt} publish e more", f"c{attempt} consume --confirm q e --manual-ack")
+        lines = new.read(3)
+        assert lines[0] == f"c{attempt} ok ".encode(), lines
+        new.close()  # its unacked messages go back to q for the next attempt
+
+
+def test_confirm_is_stripped_from_every_action(connect, mqks_server):
+    c = connect()
+    c.send("p1 ping --confirm hello", "e1 _eval --confirm 1+1",
+           "w _eval ' '.join(config['workers'])")
+    assert c.read(4) == [b"p1 ok hello", b"p1 ok ", b"e1 ok 2",
+                         f"w ok 127.0.0.1:{mqks_server.ports['mqks']}:{mqks_server.ports['mqks']}"
+                         .encode()]

@@ -144,3 +144,12 @@ def test_with_data_hands_over_everything_after_the_action():
     handler = codec.with_data(lambda request_id, data: seen.append((request_id, data)))
     handler(b"r", b"r consume q  a b".split(b" ", 3))
     assert seen == [(b"r", b"q  a b")]
+
+
+@given(st.binary(max_size=100))
+def test_strip_confirm_takes_only_a_first_confirm_with_its_space(data):
+    """The original's rule for every action (``startswith('--confirm ')``)."""
+    assert codec.strip_confirm(b"--confirm " + data) == (True, data)
+    if not data.startswith(b"--confirm "):
+        assert codec.strip_confirm(data) == (False, data)
+    assert codec.strip_confirm(b"--confirm") == (False, b"--confirm")

@@ -406,6 +406,91 @@ def test_confirm_waits_until_the_store_made_it_durable():
     assert c.lines() == [b"m1 ok "]
 
 
+class SlowDurable(MemoryStore):
+    """A durable store whose batches become durable when the test says so."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: list = []
+
+    def apply(self, ops):
+        from twisted.internet.defer import Deferred
+
+        d = Deferred()
+        self.pending.append(d)
+        return d
+
+
+def slow_harness() -> tuple[Harness, SlowDurable]:
+    h = Harness()
+    store = SlowDurable()
+    h.broker = Broker(store, h.clock)
+    h.factory = MQKSFactory(h.broker)
+    return h, store
+
+
+def test_a_consume_confirm_comes_before_its_deliveries_while_the_store_is_busy():
+    """The original answered ``ok `` and then delivered.  A queue with messages
+    ready and a store batch in flight (a consumer that just left returned its
+    messages) must not deliver to the new consumer before its confirm."""
+    h, store = slow_harness()
+    old, new = h.connect(), h.connect()
+    old.send("a consume q e --manual-ack", "m1 publish e one", "m2 publish e two")
+    while store.pending:
+        store.pending.pop().callback(None)
+    assert old.lines() == [b"a ok m1 event=e one", b"a ok m2 event=e two"]
+    old.close()  # both back in q with retry=1: a store batch in flight
+    new.send("c consume --confirm q e")
+    assert new.lines() == []  # nothing before the confirm, which waits for the store
+    new.protocol.pauseProducing()  # the transport filled up...
+    new.protocol.resumeProducing()  # ...and drained: the connection's pauses end
+    h.clock.advance(0)
+    assert new.lines() == []
+    while store.pending:
+        store.pending.pop().callback(None)
+    assert new.lines() == [b"c ok ", b"c ok m1 event=e,retry=1 one",
+                           b"c ok m2 event=e,retry=1 two"]
+    new.send("m3 publish e three")
+    assert new.lines() == [b"c ok m3 event=e three"]
+
+
+def test_a_held_consumer_gone_before_its_confirm_gets_nothing_more():
+    h, store = slow_harness()
+    c = h.connect()
+    c.send("rb rebind q e", "m1 publish e one")
+    c.send("c consume --confirm q", "d delete_consumer c")
+    assert c.lines() == []
+    while store.pending:
+        store.pending.pop().callback(None)
+    assert c.lines() == [b"c ok "]
+    other = h.connect()
+    other.send("c2 consume q")
+    assert other.lines() == [b"c2 ok m1 event=e one"]
+
+
+def test_ping_and_eval_strip_confirm_as_the_original(h):
+    """``--confirm`` first is stripped from every action; ping also confirms
+    (after the pong), so the original client's ``ping(confirm=True)`` returns."""
+    c = h.connect()
+    c.send("p1 ping --confirm hello", "e1 _eval --confirm 1+1", "p2 ping --confirm",
+           "p3 ping x --confirm", "e2 _eval --confirm --worker=0 WORKERS")
+    assert c.lines() == [b"p1 ok hello", b"p1 ok ", b"e1 ok 2", b"p2 ok --confirm",
+                         b"p3 ok x --confirm", b"e2 ok 1"]
+
+
+def test_config_workers_lists_the_listeners(h):
+    """stats.py splits ``' '.join(config['workers'])`` into host:port:port entries."""
+    h.factory.listening(IPv4Address("TCP", "127.0.0.1", 25000))
+    h.factory.listening(IPv4Address("TCP", "10.0.0.5", 25001))
+    c = h.connect()
+    c.send("w _eval ' '.join(config['workers'])", "h _eval config['host']",
+           "p _eval config['port_for_clients']", "g _eval get_worker('q1')")
+    assert c.lines() == [b"w ok 127.0.0.1:25000:25000 10.0.0.5:25001:25001",
+                         b"h ok 127.0.0.1", b"p ok 25000", b"g ok 0"]
+
+
 def test_a_publish_is_delivered_within_the_chunk_that_made_it():
     """The pump runs at the end of the received chunk: no reactor turn between a
     publish and its delivery (a consumer on the same connection gets it in the

@@ -52,6 +52,18 @@ def split_confirm(data: bytes) -> tuple[bool, bytes]:
     return False, data
 
 
+def strip_confirm(data: bytes) -> tuple[bool, bytes]:
+    """The original's rule for every action: ``--confirm `` first is stripped.
+
+    Unlike ``split_confirm`` a lone ``--confirm`` stays data: ``p ping --confirm``
+    is answered ``p ok --confirm``, as the original did (its prefix test needs
+    the space, which the line's rstrip has removed).
+    """
+    if data.startswith(b"--confirm "):
+        return True, data[10:]
+    return False, data
+
+
 def escape_body(body: bytes) -> bytes:
     """Make a body from another protocol fit on one MQKS line.
 

@@ -64,11 +64,18 @@ def _join(sep: Any, iterable: Any) -> Any:
     return sep.join(items)
 
 
+def _get_worker(item: Any) -> int:
+    """The original's shortcut: which worker serves a queue or event.  One worker here."""
+    hash(item)  # the original hashed it: an unhashable item is an error there too
+    return 0
+
+
 BUILTINS: dict[str, Any] = {
     "len": len, "sum": _sum, "sorted": sorted, "min": min, "max": max, "set": set,
     "frozenset": frozenset, "list": list, "tuple": tuple, "dict": dict, "int": int,
     "float": float, "bool": bool, "abs": abs, "any": any, "all": all, "round": _round,
     "enumerate": enumerate, "zip": _zip, "range": _range, "reversed": reversed,
+    "get_worker": _get_worker,
 }  # str and repr come from the interpreter, which weighs their argument first
 _STR = ["split", "rsplit", "splitlines", "startswith", "endswith", "upper", "lower", "strip",
         "lstrip", "rstrip", "find", "rfind", "rindex", "partition", "rpartition", "isdigit",

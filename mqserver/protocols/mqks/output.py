@@ -47,6 +47,7 @@ class Output:
     transport: Any
     connection: Any
     _out: list[bytes]
+    _held: dict[Any, list[bytes]]
     _flush_due: bool
     _receiving: bool
     _output_flushed: Callable[[], None]  # Backpressure's
@@ -103,6 +104,37 @@ class Output:
         d.addCallbacks(
             lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,)
         )
+
+    def _confirm_consume(self, consumer_id: bytes, consumer: Any) -> None:
+        """A consume's ``ok ``, before any delivery to the new consumer.
+
+        The original answered ``ok `` first and then started delivering.
+        Here the confirm waits for the store (``_confirm``) while the queue
+        may already hold messages (a consumer that just left returned its
+        unacked ones): the consumer is kept out of dispatch until the
+        confirm is written, and anything it is handed meanwhile (a
+        ``resumeProducing`` clears every pause of the connection) is held
+        in ``_held`` and written after the confirm.
+        """
+        d = self.broker.durable()
+        if d.called:
+            d.addErrback(self._confirm_failed, consumer_id)
+            self._ok(consumer_id)
+            return
+        self._held[consumer] = []
+        consumer.paused = True
+        d.addCallbacks(lambda _: self._ok(consumer_id), self._confirm_failed,
+                       errbackArgs=(consumer_id,))
+        d.addCallback(self._release, consumer)
+
+    def _release(self, _: object, consumer: Any) -> None:
+        """The consume's confirm is written: its consumer's deliveries follow it."""
+        for data in self._held.pop(consumer, ()):
+            self._write(data)
+        if consumer.active:
+            consumer.paused = self.connection.paused
+            # set_window kicks the queue: what waited for the confirm is dispatched
+            self.broker.set_window(consumer, consumer.window)
 
     def _confirm_failed(self, failure: Failure, request_id: bytes) -> None:
         self._error(request_id, f"storage failed: {failure.getErrorMessage()}")

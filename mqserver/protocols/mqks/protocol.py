@@ -44,13 +44,15 @@ class MQKSFactory(Factory):
     """Shared by every MQKS connection: consumer ids are global, as in the original."""
 
     def __init__(
-        self, broker: Any, max_line: int = 16 * 1024 * 1024, limits: Limits | None = None
+        self, broker: Any, max_line: int = 16 * 1024 * 1024, limits: Limits | None = None,
+        workers: list[str] | None = None,
     ) -> None:
         self.broker = broker
         self.max_line = max_line
         self.limits = limits or Limits()
         self.consumers: dict[bytes, Consumer] = {}
-        self.workers: list[str] = []
+        # this server's MQKS listeners, config['workers'] of _eval (``listening``)
+        self.workers: list[str] = workers if workers is not None else []
         # event names that passed the name check: a publish looks its event up
         # here instead of checking it again (bounded: cleared when full)
         self.checked_events: set[bytes] = set()
@@ -65,6 +67,18 @@ class MQKSFactory(Factory):
         if len(self.checked_events) >= CHECKED_EVENTS:
             self.checked_events.clear()
         self.checked_events.add(event)
+
+    def listening(self, address: Any) -> None:
+        """A listener of this factory got ``address``: list it in ``config['workers']``.
+
+        The original's entries are ``host:port_for_workers:port_for_clients``;
+        its client connects to the last field and its stats tool groups by
+        the first, so a TCP listener is ``host:port:port``.  A Unix socket
+        has no such entry.
+        """
+        port = getattr(address, "port", None)
+        if port is not None:
+            self.workers.append(f"{address.host}:{port}:{port}")
 
     def buildProtocol(self, addr: Any) -> MQKSProtocol:
         protocol = MQKSProtocol(self)
@@ -102,6 +116,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
         self._pending: list[bytes] = []
         self._pending_size = 0
         self._out: list[bytes] = []
+        self._held: dict[Consumer, list[bytes]] = {}
         self._flush_due = False
         self._receiving = False
         self._closing = False
@@ -132,6 +147,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         self._out = []  # a flush still due finds nothing to write
+        self._held = {}
         if self.connection is None:
             return
         for consumer_id, consumer in list(self.connection.consumers.items()):
@@ -264,7 +280,11 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
 
     def deliver(self, consumer: Consumer, message: Message) -> None:
         data = codec.delivery(consumer.id, message)
-        self._write(data)
+        held = self._held
+        if held and consumer in held:
+            held[consumer].append(data)  # after its consume's ``ok `` (``Output``)
+        else:
+            self._write(data)
         self._count_output(len(data))
 
     def queue_changed(self, consumer: Consumer) -> None:
@@ -313,7 +333,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
             notify_except=None if args.has_add else consumer,
         )
         if args.confirm:
-            self._confirm(consumer_id)
+            self._confirm_consume(consumer_id, consumer)
 
     def _rebind(self, request_id: bytes, data: bytes) -> None:
         args = codec.parse_rebind(data)
@@ -374,10 +394,17 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
             self._confirm(request_id)
 
     def _ping(self, request_id: bytes, data: bytes) -> None:
+        confirm, data = codec.strip_confirm(data)
         self._ok(request_id, data)
+        if confirm:
+            # after the pong, as the original answered: its client's
+            # ping(confirm=True) waits for this bare confirm (the original
+            # server never sent one, so that call blocked there)
+            self._ok(request_id)
 
     def _eval(self, request_id: bytes, data: bytes) -> None:
-        worker, code = codec.parse_eval(data)
+        # the original strips --confirm from every action; _eval answers with its result only
+        worker, code = codec.parse_eval(codec.strip_confirm(data)[1])
         if worker not in (None, 0):
             raise MQKSError(f"no worker {worker}: this server is worker 0 of 1")
         names = stats_names(

@@ -182,6 +182,26 @@ class StateView(View):
         return "<state>"
 
 
+def server_config(workers: list[str]) -> dict[str, object]:
+    """The original's ``config`` keys that tools read, for this server.
+
+    ``workers`` lists this server's MQKS listeners as ``host:port:port``
+    (``MQKSFactory.listening``); the host and ports of the first one stand
+    for the original's ``host``, ``port_for_workers`` and ``port_for_clients``.
+    """
+    host, _, port = workers[0].rpartition(":") if workers else ("", "", "0")
+    host = host.rpartition(":")[0]
+    return {
+        "workers": list(workers),
+        "host": host,
+        "port_for_workers": int(port),
+        "port_for_clients": int(port),
+        "logger_name": "mqks.server",
+        "grep": "",
+        "id_length": 24,
+    }
+
+
 def stats_names(
     broker: Any,
     consumers: Mapping[bytes, Any],
@@ -196,7 +216,7 @@ def stats_names(
     """
     return {
         "state": StateView(broker, consumers),
-        "config": ReadOnlyMap({"workers": [_s(w) for w in workers]}),
+        "config": ReadOnlyMap(server_config(workers)),
         "WORKERS": 1,
         "request": ReadOnlyMap({"client": str(connection_id), "id": _s(request_id)}),
     }
