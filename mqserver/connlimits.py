@@ -3,7 +3,9 @@
 
 ``makeService`` wraps each listener's factory in a ``GuardedFactory``; all of
 them share one ``ConnectionLimits``, so ``--max-connections`` counts MQKS,
-PHPMQ, eMQP and HTTP connections together.  A connection over a limit is
+PHPMQ, eMQP and HTTP connections together.  ``--max-connections-per-ip``
+counts remote IPs only: loopback and Unix-socket clients are this host's own
+processes (``per_ip_key``), unless ``--limit-loopback-per-ip``.  A connection over a limit is
 closed as soon as it is made and the refusal is logged; a protocol that can
 say why first gives its factory a ``refusal(reason) -> bytes`` method (MQKS
 answers with an error line).
@@ -18,6 +20,7 @@ waiting on an empty queue is idle.  The timer uses the reactor given, so
 from __future__ import annotations
 
 from collections import Counter
+from ipaddress import ip_address
 from typing import Any
 
 from twisted.internet.protocol import Protocol
@@ -31,35 +34,71 @@ DEFAULT_MAX_CONNECTIONS = 10_000
 DEFAULT_MAX_PER_IP = 1_000
 
 
+REFUSAL_REASONS = ("max_connections", "max_connections_per_ip")
+"""The ``reason`` labels of ``mqserver_connections_refused_total``."""
+
+
+def per_ip_key(address: Any, loopback: bool = False) -> str | None:
+    """The IP a connection from ``address`` counts against, or None if it counts against none.
+
+    A Unix-socket client has no IP.  A loopback client (127.0.0.0/8, ::1)
+    is a process of this host, which ``--max-connections`` already bounds:
+    the per-IP limit is there so one remote host cannot take every slot,
+    and counting a host's whole local fleet (a PHP-FPM pool, a worker
+    farm) as one IP would refuse it from its thousand-and-first process.
+    ``loopback`` (``--limit-loopback-per-ip``) counts loopback clients too.
+    """
+    host = getattr(address, "host", None)
+    if not isinstance(host, str):
+        return None
+    try:
+        ip = ip_address(host.partition("%")[0])  # an IPv6 zone is no part of the address
+    except ValueError:
+        return None
+    mapped = getattr(ip, "ipv4_mapped", None)  # ::ffff:127.0.0.1 on a dual-stack socket
+    if not loopback and (ip.is_loopback or (mapped is not None and mapped.is_loopback)):
+        return None
+    return host
+
+
 class ConnectionLimits:
-    """Open connections, in total and by peer host, across every listener."""
+    """Open connections, in total and by peer IP, across every listener."""
 
     def __init__(self, total: int = DEFAULT_MAX_CONNECTIONS,
-                 per_ip: int = DEFAULT_MAX_PER_IP) -> None:
+                 per_ip: int = DEFAULT_MAX_PER_IP, loopback_per_ip: bool = False) -> None:
         self.max_total = total
         self.max_per_ip = per_ip
+        self.loopback_per_ip = loopback_per_ip
         self.total = 0
         self.by_host: Counter[str] = Counter()
-        self.refused = 0
+        self.refused_by: Counter[str] = Counter()
 
-    def admit(self, host: str) -> str | None:
-        """Count a new connection from ``host``, or return why it is refused (not counted)."""
+    @property
+    def refused(self) -> int:
+        """Connections refused for any reason."""
+        return self.refused_by.total()
+
+    def admit(self, host: str | None) -> str | None:
+        """Count a new connection from the IP ``host`` (None: one that counts against no
+        IP, see ``per_ip_key``), or return why it is refused (then it is not counted)."""
         if self.max_total and self.total >= self.max_total:
-            self.refused += 1
+            self.refused_by["max_connections"] += 1
             return f"{self.total} connections open (--max-connections {self.max_total})"
-        if self.max_per_ip and self.by_host[host] >= self.max_per_ip:
-            self.refused += 1
-            return (f"{self.by_host[host]} connections open from {host} "
-                    f"(--max-connections-per-ip {self.max_per_ip})")
+        if host is not None:
+            if self.max_per_ip and self.by_host[host] >= self.max_per_ip:
+                self.refused_by["max_connections_per_ip"] += 1
+                return (f"{self.by_host[host]} connections open from {host} "
+                        f"(--max-connections-per-ip {self.max_per_ip})")
+            self.by_host[host] += 1
         self.total += 1
-        self.by_host[host] += 1
         return None
 
-    def release(self, host: str) -> None:
+    def release(self, host: str | None) -> None:
         self.total -= 1
-        self.by_host[host] -= 1
-        if not self.by_host[host]:
-            del self.by_host[host]
+        if host is not None:
+            self.by_host[host] -= 1
+            if not self.by_host[host]:
+                del self.by_host[host]
 
 
 class _Refused(Protocol):
@@ -79,6 +118,7 @@ class GuardedProtocol(ProtocolWrapper, TimeoutMixin):
 
     factory: GuardedFactory
     host = "?"
+    ip: str | None = None  # what it counts against in the per-IP limit (``per_ip_key``)
 
     def makeConnection(self, transport: Any) -> None:
         self.callLater = self.factory.clock.callLater
@@ -113,7 +153,7 @@ class GuardedProtocol(ProtocolWrapper, TimeoutMixin):
 
     def connectionLost(self, reason: Failure) -> None:
         self.setTimeout(None)
-        self.factory.limits.release(self.host)
+        self.factory.limits.release(self.ip)
         super().connectionLost(reason)
 
 
@@ -132,7 +172,8 @@ class GuardedFactory(WrappingFactory):
 
     def buildProtocol(self, addr: Any) -> Any:
         host = str(getattr(addr, "host", addr))
-        reason = self.limits.admit(host)
+        ip = per_ip_key(addr, self.limits.loopback_per_ip)
+        reason = self.limits.admit(ip)
         if reason is not None:
             log.warn("{label} connection from {host} refused: {reason}",
                      label=self.label, host=host, reason=reason)
@@ -143,10 +184,10 @@ class GuardedFactory(WrappingFactory):
         try:
             protocol = super().buildProtocol(addr)
         except BaseException:
-            self.limits.release(host)
+            self.limits.release(ip)
             raise
         if protocol is None:
-            self.limits.release(host)
+            self.limits.release(ip)
             return None
-        protocol.host = host
+        protocol.host, protocol.ip = host, ip
         return protocol

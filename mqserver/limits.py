@@ -27,6 +27,7 @@ from typing import Any
 DEFAULT_MAX_NAME = 255
 DEFAULT_MAX_ID = 255
 DEFAULT_MAX_HEADERS = 64
+DEFAULT_MAX_NAMES = 10_000
 
 _CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 
@@ -47,11 +48,14 @@ class LimitError(ValueError):
 @dataclass(frozen=True, slots=True)
 class Limits:
     """The limits one server runs with (``--max-name-bytes``, ``--max-id-bytes``,
-    ``--max-headers``)."""
+    ``--max-headers``, ``--max-names-per-request``)."""
 
     max_name: int = DEFAULT_MAX_NAME
     max_id: int = DEFAULT_MAX_ID
     max_headers: int = DEFAULT_MAX_HEADERS
+    # queue or event names one request may list (an MQKS consume or rebind, an
+    # eMQP INFORM): a line or frame that fits the size limits could name millions
+    max_names: int = DEFAULT_MAX_NAMES
 
     @classmethod
     def from_config(cls, config: Mapping[str, Any]) -> Limits:
@@ -60,6 +64,7 @@ class Limits:
             max_name=int(config.get("max-name-bytes", DEFAULT_MAX_NAME)),
             max_id=int(config.get("max-id-bytes", DEFAULT_MAX_ID)),
             max_headers=int(config.get("max-headers", DEFAULT_MAX_HEADERS)),
+            max_names=int(config.get("max-names-per-request", DEFAULT_MAX_NAMES)),
         )
 
     def check_name(
@@ -78,6 +83,13 @@ class Limits:
         """Raise ``error`` if a message carries more than ``max_headers`` header fields."""
         if count > self.max_headers:
             raise error(f"{count} {what}; at most {self.max_headers} are allowed")
+
+    def check_names(self, count: int, what: str = "names", error: ErrorFactory = LimitError
+                    ) -> None:
+        """Raise ``error`` if one request lists more than ``max_names`` queue or event names."""
+        if count > self.max_names:
+            raise error(f"{count} {what} in one request; at most {self.max_names} are allowed "
+                        "(--max-names-per-request)")
 
 
 def positive(value: str) -> int:

@@ -25,7 +25,7 @@ from mqserver.broker.flow import parse_watermark, watermark_bytes
 from mqserver.broker.overflow import check_policy
 from mqserver.broker.ready import PACK_READY_AFTER
 from mqserver.connlimits import DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_PER_IP
-from mqserver.limits import positive
+from mqserver.limits import DEFAULT_MAX_NAMES, positive
 
 log = Logger()
 
@@ -100,6 +100,9 @@ class Options(usage.Options):
         ["max-headers", None, 64,
          "Most header fields one message may carry (eMQP header items, HTTP 'headers').",
          positive],
+        ["max-names-per-request", None, DEFAULT_MAX_NAMES,
+         "Most queue or event names one request may list (an MQKS consume or rebind, an "
+         "eMQP worker's INFORM); more get the protocol's error.", positive],
         ["max-queue-length", None, 0,
          "Most ready messages a queue holds unless it sets its own max_length; 0: no limit.",
          int],
@@ -119,7 +122,9 @@ class Options(usage.Options):
          "Most client connections open at once, over every listener (HTTP included); "
          "more are closed at once (MQKS gets an error line first); 0: no limit.", int],
         ["max-connections-per-ip", None, DEFAULT_MAX_PER_IP,
-         "Most client connections open at once from one IP address; 0: no limit.", int],
+         "Most client connections open at once from one IP address; 0: no limit.  "
+         "Loopback and Unix-socket clients count only toward --max-connections (see "
+         "--limit-loopback-per-ip).", int],
         ["journal", None, None,
          "Write a journal of broker events (JSON lines) under this directory; off by "
          "default.  See docs/analytics.md."],
@@ -133,6 +138,9 @@ class Options(usage.Options):
     optFlags = [
         ["no-gc-tuning", None, "Do not freeze start-up objects or raise the GC threshold."],
         ["no-http", None, "Do not serve the HTTP API, metrics and dashboard."],
+        ["limit-loopback-per-ip", None, "Count loopback clients (127.0.0.0/8, ::1) against "
+         "--max-connections-per-ip too (by default they are this host's own processes and "
+         "count only toward --max-connections)."],
         ["journal-bodies", None, "Also journal message bodies (base64) and so allow an archive "
          "with bodies."],
     ]
@@ -275,7 +283,8 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         broker.journal = journal
     from mqserver.connlimits import ConnectionLimits, GuardedFactory
 
-    limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"])
+    limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"],
+                              loopback_per_ip=bool(config["limit-loopback-per-ip"]))
     broker.connection_limits = limits
 
     def guarded(factory: Any, label: str, idle: float | None = None) -> GuardedFactory:

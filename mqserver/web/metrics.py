@@ -23,6 +23,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
+from mqserver.connlimits import REFUSAL_REASONS
 from mqserver.web.router import OPEN, Call, Reply, Route, text
 from mqserver.web.views import QUEUE_COUNTERS, connections_by_protocol, storage_view
 
@@ -65,10 +66,14 @@ class BrokerCollector:
                                   value=flow.alarms)
         limits = broker.connection_limits
         if limits is not None:
-            yield CounterMetricFamily(
+            refused = CounterMetricFamily(
                 "mqserver_connections_refused",
-                "Connections closed at once for --max-connections(-per-ip).",
-                value=limits.refused)
+                "Connections closed at once, by the limit they were over: max_connections "
+                "(--max-connections) or max_connections_per_ip (--max-connections-per-ip).",
+                labels=["reason"])
+            for reason in REFUSAL_REASONS:
+                refused.add_metric([reason], limits.refused_by[reason])
+            yield refused
         yield from self._storage(broker)
 
     def _queues(self, broker: Any, now: float) -> Iterator[Metric]:

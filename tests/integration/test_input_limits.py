@@ -1,14 +1,18 @@
 """The input limits as ``twistd mqserver`` options, against the real server.
 
 The unit tests (tests/unit/test_limits.py) cover every rule; this checks that
-``--max-name-bytes``, ``--max-id-bytes`` and ``--emqp-max-frames`` reach the
-protocols of a running server, over real sockets.
+``--max-name-bytes``, ``--max-id-bytes``, ``--max-names-per-request`` and
+``--emqp-max-frames`` reach the protocols of a running server, over real sockets.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import socket
+import uuid
+
+import zmq
 
 from mqserver.protocols.phpmq import codec as phpmq
 from mqserver.zmtp import codec as zmtp
@@ -59,3 +63,39 @@ def test_emqp_max_frames_sends_a_zmtp_error_then_closes(start_server):
     commands = [zmtp.parse_command(body) for body in decoded if isinstance(body, bytes)]
     assert [name for name, _ in commands] == [b"READY", b"ERROR"]
     assert b"more than 4 frames" in commands[1][1]
+
+
+def test_max_names_per_request_reaches_mqks_and_emqp(start_server, line_client):
+    """An MQKS consume naming too many events gets an error reply; an eMQP
+    worker's INFORM declaring too many queues is dropped (no ACK) with a log line."""
+    server = start_server(f"--protocol=mqks:{LISTEN}", f"--protocol=emqp:{LISTEN}",
+                          f"--emqp-backend={LISTEN}", f"--emqp-admin={LISTEN}",
+                          "--storage=memory", "--max-names-per-request=3")
+    mqks = line_client(server.ports["mqks"])
+    events = " ".join(f"e{n}" for n in range(100_000))  # one 600 kB line
+    mqks.send(f"c2 consume --confirm q {events}", "c1 consume --confirm q e1 e2 e3")
+    replies = mqks.read(2)
+    assert EID.match(replies[0]) and replies[1] == b"c1 ok "
+    server.wait_for_log("more than 3 names in one request (--max-names-per-request)")
+
+    context = zmq.Context()
+    worker = context.socket(zmq.DEALER)
+    worker.setsockopt(zmq.LINGER, 0)
+    worker.connect(f"tcp://127.0.0.1:{server.ports['emqp-backend']}")
+    try:
+        def inform(queues: list) -> list[bytes] | None:
+            msgid = str(uuid.uuid4()).encode()
+            worker.send_multipart([b"", b"eMQP/1.0", b"INFORM", msgid,
+                                   json.dumps(queues).encode(), b"worker"])
+            while worker.poll(2000):
+                frames = worker.recv_multipart()
+                if frames[2] == b"ACK" and frames[4] == msgid:
+                    return frames
+            return None
+
+        assert inform([[1, f"q{n}"] for n in range(1000)]) is None
+        server.wait_for_log("more than 3 worker queues in one INFORM")
+        assert inform([[10, "a"], [5, "b"], [1, "c"]]) is not None
+    finally:
+        worker.close(0)
+        context.term()

@@ -262,7 +262,7 @@ def http_raw(port: int, path: str) -> tuple[int, bytes]:
 def test_connection_limits_and_idle_timeouts(start_server, line_client):
     server = start_server(
         f"--protocol=mqks:{LISTEN}", "--storage=memory", "--max-connections-per-ip=2",
-        "--mqks-idle-timeout=2",
+        "--limit-loopback-per-ip", "--mqks-idle-timeout=2",
     )
     port = server.ports["mqks"]
     first, second = line_client(port), line_client(port)
@@ -280,3 +280,50 @@ def test_connection_limits_and_idle_timeouts(start_server, line_client):
     again = line_client(port)
     again.send("p ping x")
     assert again.read(1) == [b"p ok x"]
+
+
+def refusals(port: int) -> dict[str, float]:
+    """``mqserver_connections_refused_total`` by reason ({} while the request is refused)."""
+    try:
+        _, text = http_raw(port, "/metrics")
+    except (urllib.error.URLError, ConnectionError):
+        return {}
+    found = re.findall(rb'mqserver_connections_refused_total\{reason="(\w+)"\} ([\d.]+)', text)
+    return {reason.decode(): float(value) for reason, value in found}
+
+
+def test_loopback_clients_are_exempt_from_the_per_ip_limit_and_refusals_counted(
+        start_server, line_client):
+    """Every client here comes from 127.0.0.1: by default only --max-connections
+    bounds them; --limit-loopback-per-ip counts them as one IP again."""
+    server = start_server(f"--protocol=mqks:{LISTEN}", f"--http={LISTEN}", "--storage=memory",
+                          "--max-connections-per-ip=3", "--max-connections=20")
+    port = server.ports["mqks"]
+    clients = [line_client(port) for _ in range(20)]  # far over 3 from one IP
+    for client in clients:
+        client.send("p ping x")
+    assert all(client.read(1) == [b"p ok x"] for client in clients)
+    over = line_client(port)  # the 21st in all
+    assert over.read(1)[0].startswith(b"None error ") and over.closed()
+    clients.pop().close()
+    wait_for(lambda: "refused: 20 connections open (--max-connections 20)" in server.text(),
+             "the refusal in the log")
+    wait_for(lambda: refusals(server.ports["http"]) == {"max_connections": 1,
+                                                        "max_connections_per_ip": 0},
+             "the refusal in /metrics", timeout=10)
+
+    strict = start_server(f"--protocol=mqks:{LISTEN}", f"--http={LISTEN}", "--storage=memory",
+                          "--max-connections-per-ip=3", "--limit-loopback-per-ip")
+    port = strict.ports["mqks"]
+    clients = [line_client(port) for _ in range(3)]
+    for client in clients:
+        client.send("p ping x")
+        assert client.read(1) == [b"p ok x"]
+    over = line_client(port)
+    assert over.read(1)[0].startswith(b"None error ") and over.closed()
+    for client in clients:  # the HTTP request below comes from 127.0.0.1 too
+        client.close()
+    wait_for(lambda: "connections open from 127.0.0.1" in strict.text(), "the refusal")
+    wait_for(lambda: refusals(strict.ports["http"]) == {"max_connections": 0,
+                                                        "max_connections_per_ip": 1},
+             "the per-IP refusal in /metrics", timeout=10)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import contextlib
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mqserver.limits import LimitError, Limits
+from mqserver.limits import LimitError, Limits, find_control
 from mqserver.protocols.emqp import codec as emqp
 from mqserver.protocols.emqp.codec import EMQPError
 from mqserver.protocols.mqks import codec as mqks
@@ -203,3 +204,46 @@ def test_a_name_passes_exactly_when_it_is_short_non_empty_and_control_free(value
         assert valid
     except LimitError:
         assert not valid
+
+
+def _worker_queues_as_json_reads_them(value):
+    """What the eMQP worker-queue list means when all of it is read with ``json``."""
+    if not isinstance(value, list) or not value:
+        return None
+    out = []
+    for entry in value:
+        if (not isinstance(entry, list) or len(entry) != 2 or type(entry[0]) is not int
+                or not isinstance(entry[1], str) or not entry[1]):
+            return None
+        out.append((entry[0], entry[1].encode("utf-8", "surrogateescape")))
+    return out
+
+
+worker_queue_lists = st.lists(
+    st.one_of(st.tuples(st.integers(-(10**30), 10**30), st.text(max_size=8)).map(list),
+              st.lists(st.one_of(st.integers(), st.text(max_size=3), st.booleans(),
+                                 st.floats(allow_nan=False)), max_size=3)),
+    max_size=5)
+
+
+@given(worker_queue_lists | st.none() | st.integers() | st.dictionaries(st.text(max_size=3),
+                                                                       st.integers(), max_size=2),
+       st.sampled_from([None, 0, 2]), st.sampled_from([(",", ":"), (", ", ": "), (" ,", ":")]))
+def test_emqp_worker_queues_read_one_entry_at_a_time_as_json_reads_the_list(value, indent,
+                                                                              separators):
+    """The entry-at-a-time reader (bounded by --max-names-per-request) accepts what
+    ``json`` reads as [int, non-empty str] pairs, in any JSON layout, and nothing else."""
+    frame = json.dumps(value, indent=indent, separators=separators).encode()
+    expected = _worker_queues_as_json_reads_them(value)
+    if expected is None:
+        with pytest.raises(EMQPError):
+            emqp.parse_worker_queues(frame)
+    else:
+        assert emqp.parse_worker_queues(frame) == expected
+        if any(find_control(name) for _, name in expected):
+            return  # refused by the name rules, whatever the count
+        many = Limits(max_names=len(expected))
+        assert emqp.parse_worker_queues(frame, many) == expected
+        if len(expected) > 1:
+            with pytest.raises(EMQPError, match="--max-names-per-request"):
+                emqp.parse_worker_queues(frame, Limits(max_names=len(expected) - 1))

@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import re
 
-from twisted.internet.address import IPv4Address
+import pytest
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 
 from mqserver.broker.core import Broker
-from mqserver.connlimits import ConnectionLimits, GuardedFactory
+from mqserver.connlimits import ConnectionLimits, GuardedFactory, per_ip_key
 from mqserver.protocols.mqks.protocol import MQKSFactory
 from mqserver.storage.memory import MemoryStore
 
@@ -49,6 +50,49 @@ def test_total_and_per_ip_limits_are_shared_by_every_listener():
     assert limits.total == 2 and limits.by_host["10.0.0.1"] == 1
     _, transport = connect(first, "10.0.0.3")
     assert not transport.disconnecting
+
+
+@pytest.mark.parametrize(("address", "key", "strict"), [
+    (IPv4Address("TCP", "10.0.0.1", 4000), "10.0.0.1", "10.0.0.1"),
+    (IPv4Address("TCP", "127.0.0.1", 4000), None, "127.0.0.1"),
+    (IPv4Address("TCP", "127.8.9.10", 4000), None, "127.8.9.10"),
+    (IPv6Address("TCP", "::1", 4000), None, "::1"),
+    (IPv6Address("TCP", "::ffff:127.0.0.1", 4000), None, "::ffff:127.0.0.1"),
+    (IPv6Address("TCP", "fe80::1%eth0", 4000), "fe80::1%eth0", "fe80::1%eth0"),
+    (IPv6Address("TCP", "2001:db8::1", 4000), "2001:db8::1", "2001:db8::1"),
+    (UNIXAddress(b"/run/mqserver.sock"), None, None),
+    (None, None, None),
+])
+def test_loopback_and_unix_clients_count_against_no_ip(address, key, strict):
+    """``strict``: with --limit-loopback-per-ip, which still leaves Unix sockets out."""
+    assert per_ip_key(address) == key
+    assert per_ip_key(address, loopback=True) == strict
+
+
+def test_loopback_clients_are_bounded_by_the_total_only():
+    """A local fleet (a PHP-FPM pool) is not one IP's worth of connections; unless
+    --limit-loopback-per-ip."""
+    clock = Clock()
+    factory = echo_factory(ConnectionLimits(total=5, per_ip=2), clock)
+    opened = [connect(factory, "127.0.0.1", port)[1] for port in range(5)]
+    assert not any(t.disconnecting for t in opened)
+    assert connect(factory, "127.0.0.1", 99)[1].disconnecting  # the sixth in all
+    assert factory.limits.refused_by == {"max_connections": 1}
+    strict = echo_factory(ConnectionLimits(total=5, per_ip=2, loopback_per_ip=True), clock)
+    opened = [connect(strict, "127.0.0.1", port)[1] for port in range(3)]
+    assert [t.disconnecting for t in opened] == [False, False, True]
+    assert strict.limits.refused_by == {"max_connections_per_ip": 1}
+
+
+def test_an_exempt_connection_is_released_from_the_total_only():
+    limits = ConnectionLimits(total=2, per_ip=1)
+    factory = echo_factory(limits, Clock())
+    local, _ = connect(factory, "127.0.0.1")
+    remote, _ = connect(factory, "10.0.0.1")
+    assert (limits.total, dict(limits.by_host)) == (2, {"10.0.0.1": 1})
+    local.connectionLost(Failure(ConnectionError("gone")))
+    remote.connectionLost(Failure(ConnectionError("gone")))
+    assert (limits.total, dict(limits.by_host)) == (0, {})
 
 
 def test_zero_means_no_limit():

@@ -29,7 +29,7 @@ from mqserver.zmtp import codec as zmtp
 from mqserver.zmtp.decoder import MessageDecoder
 from mqserver.zmtp.router import ZMTPRouterFactory
 
-SMALL = Limits(max_name=8, max_id=6, max_headers=2)
+SMALL = Limits(max_name=8, max_id=6, max_headers=2, max_names=3)
 
 
 # -- the rules ------------------------------------------------------------------
@@ -82,10 +82,17 @@ def test_header_count():
         SMALL.check_headers(3)
 
 
+def test_name_count():
+    SMALL.check_names(3)
+    with pytest.raises(LimitError, match="4 events in one request; at most 3"):
+        SMALL.check_names(4, "events")
+
+
 def test_from_config_reads_the_twistd_options_and_defaults_the_rest():
-    limits = Limits.from_config({"max-name-bytes": 10, "max-id-bytes": 20, "max-headers": 3})
-    assert limits == Limits(10, 20, 3)
-    assert Limits.from_config({}) == Limits(255, 255, 64)
+    limits = Limits.from_config({"max-name-bytes": 10, "max-id-bytes": 20, "max-headers": 3,
+                                 "max-names-per-request": 4})
+    assert limits == Limits(10, 20, 3, 4)
+    assert Limits.from_config({}) == Limits(255, 255, 64, 10_000)
 
 
 # -- MQKS: an error reply; the connection stays ---------------------------------------
@@ -142,6 +149,30 @@ def test_mqks_a_bad_request_id_is_not_echoed(mqks, request_id):
 def test_mqks_names_at_the_limit_work(mqks):
     assert mqks(b"c12345 consume --confirm q1234567 e1234567") == [b"c12345 ok "]
     assert mqks(b"m12345 publish e1234567 hi") == [b"c12345 ok m12345 event=e1234567 hi"]
+
+
+@pytest.mark.parametrize("line", [
+    b"c1 consume q a b c d",
+    b"c1 consume --confirm q a b --add c d --manual-ack",
+    b"r1 rebind q a --remove b --remove-mask c.* --add d",
+    b"r1 rebind --confirm q a b c d",
+    b"c1 consume q " + b"e " * 400,  # refused before it is split into words
+    b"c1 consume q " + b"e  " * 300,
+])
+def test_mqks_more_events_than_max_names_get_an_error_reply(mqks, line):
+    with capturedLogs() as events:
+        [reply] = mqks(line)
+    assert reply.startswith(line.split(b" ")[0] + b" error ")
+    assert any("--max-names-per-request" in formatEvent(e) for e in events)
+    assert not mqks.broker.queues and not mqks.broker.bindings.by_queue
+    assert mqks(b"p ping alive") == [b"p ok alive"]
+
+
+def test_mqks_events_at_the_name_count_limit_work(mqks):
+    assert mqks(b"c1 consume --confirm q a b --add c --manual-ack --delete-queue-when-unused=5"
+                b" --max-length=9 --overflow=drop-head")[-1] == b"c1 ok "
+    assert mqks(b"r1 rebind --confirm q a --remove-mask c.* --add d")[-1] == b"r1 ok "
+    assert mqks.broker.bindings.events_of(b"q") == {b"a", b"d"}
 
 
 # -- PHPMQ: a logged close of that connection only --------------------------------------
@@ -234,13 +265,19 @@ def test_emqp_msgid_queue_topic_headers_and_worker_queues_obey_the_limits():
         emqp.parse_schedule([b"q\x00", b"", b"10", b"job"], SMALL)
     with pytest.raises(EMQPError, match="worker queue name"):
         emqp.parse_worker_queues(json.dumps([[10, "q12345678"]]).encode(), SMALL)
+    three = [[10, "q1"], [5, "q2"], [1, "q3"]]
+    assert len(emqp.parse_worker_queues(json.dumps(three).encode(), SMALL)) == 3
+    with pytest.raises(EMQPError, match="more than 3 worker queues in one INFORM"):
+        emqp.parse_worker_queues(json.dumps([*three, [1, "q4"]]).encode(), SMALL)
 
 
 def test_limit_options_must_be_positive():
     options = tap.Options()
-    options.parseOptions(["--max-name-bytes=10", "--max-id-bytes=20", "--max-headers=3"])
-    assert Limits.from_config(options) == Limits(10, 20, 3)
-    for bad in ("--max-name-bytes=0", "--max-id-bytes=-1", "--max-headers=x"):
+    options.parseOptions(["--max-name-bytes=10", "--max-id-bytes=20", "--max-headers=3",
+                          "--max-names-per-request=7"])
+    assert Limits.from_config(options) == Limits(10, 20, 3, 7)
+    for bad in ("--max-name-bytes=0", "--max-id-bytes=-1", "--max-headers=x",
+                "--max-names-per-request=0"):
         with pytest.raises(usage.UsageError):
             tap.Options().parseOptions([bad])
 

@@ -153,3 +153,29 @@ def test_strip_confirm_takes_only_a_first_confirm_with_its_space(data):
     if not data.startswith(b"--confirm "):
         assert codec.strip_confirm(data) == (False, data)
     assert codec.strip_confirm(b"--confirm") == (False, b"--confirm")
+
+
+NAME_WORDS = st.lists(st.sampled_from([b"e", b"e.x", b"--add", b"--manual-ack", b"--confirm",
+                                       b"--delete-queue-when-unused=5", b"", b"--remove",
+                                       b"--remove-mask", b"--max-length=3"]), max_size=30)
+
+
+@given(NAME_WORDS, st.integers(1, 12))
+def test_the_name_count_precheck_never_refuses_what_the_count_allows(words, max_names):
+    """``check_names`` (before the split) only refuses requests whose names are over
+    the limit; the protocol counts them exactly after parsing."""
+    data = b" ".join([b"q", *words])
+    for parse, names in (
+        (codec.parse_consume, lambda a: len(a.replace) + len(a.add)),
+        (codec.parse_rebind,
+         lambda a: len(a.replace) + len(a.remove) + len(a.remove_mask) + len(a.add)),
+    ):
+        try:
+            expected = parse(data)
+        except MQKSError:
+            continue
+        try:
+            assert parse(data, max_names) == expected
+        except MQKSError as e:
+            assert "--max-names-per-request" in str(e)
+            assert names(expected) > max_names

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from itertools import islice
 
 from mqserver.broker.overflow import OVERFLOW_POLICIES
 from mqserver.model import Message
@@ -113,6 +115,30 @@ def update_line(
     return b"".join(parts)
 
 
+_WORD = re.compile(rb"[^ ]+")
+CONSUME_FLAGS = 7
+"""Words of a consume besides its events: the queue and its six kinds of flag."""
+REBIND_FLAGS = 5
+"""Words of a rebind besides its names: the queue, --confirm, --remove, --remove-mask, --add."""
+
+
+def check_names(data: bytes, max_names: int | None, other_words: int) -> None:
+    """Refuse a consume or rebind that lists more than ``max_names`` names before it is split.
+
+    A 16 MiB line of one-byte events split at once would be millions of
+    bytes objects; the words are counted first (spaces are one ``count``,
+    and only a line with that many spaces is walked, and only up to the
+    limit), so what a refused request costs is bounded by the limit.
+    """
+    if max_names is None:
+        return
+    most = max_names + other_words
+    if data.count(b" ") < most:
+        return
+    if next(islice(_WORD.finditer(data), most, None), None) is not None:  # word most + 1
+        raise MQKSError(f"more than {max_names} names in one request (--max-names-per-request)")
+
+
 @dataclass
 class ConsumeArgs:
     confirm: bool
@@ -128,9 +154,13 @@ class ConsumeArgs:
     overflow: str | None = None
 
 
-def parse_consume(data: bytes) -> ConsumeArgs:
+def parse_consume(data: bytes, max_names: int | None = None) -> ConsumeArgs:
     """``[--confirm] {queue} [ev…] [--add ev…] [--delete-queue-when-unused[=s]] [--manual-ack]``
-    ``[--max-length=N] [--overflow=drop-head|reject-publish]``"""
+    ``[--max-length=N] [--overflow=drop-head|reject-publish]``
+
+    A line with more than ``max_names`` events (plus its flags) is refused
+    before it is split (``check_names``); the protocol checks the exact count."""
+    check_names(data, max_names, CONSUME_FLAGS)
     confirm, data = split_confirm(data)
     args = ConsumeArgs(confirm, b"")
     target = args.replace
@@ -203,8 +233,11 @@ class RebindArgs:
 _REBIND_FLAGS = {b"--remove": "remove", b"--remove-mask": "remove_mask", b"--add": "add"}
 
 
-def parse_rebind(data: bytes) -> RebindArgs:
-    """``[--confirm] {queue} [ev…] [--remove ev…] [--remove-mask m…] [--add ev…]``"""
+def parse_rebind(data: bytes, max_names: int | None = None) -> RebindArgs:
+    """``[--confirm] {queue} [ev…] [--remove ev…] [--remove-mask m…] [--add ev…]``
+
+    Refused before it is split with more than ``max_names`` names (``check_names``)."""
+    check_names(data, max_names, REBIND_FLAGS)
     confirm, data = split_confirm(data)
     queue, _, rest = data.partition(b" ")
     if not queue or queue.startswith(b"--"):

@@ -260,9 +260,12 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
             log.failure("mqks {action} failed", action=words[1])
             self._error(request_id, "internal error")
 
-    def _names(self, *groups: list[bytes]) -> None:
-        """Queue and event names (and masks) obey ``--max-name-bytes`` and its characters."""
+    def _names(self, queue: bytes, *groups: list[bytes]) -> None:
+        """Queue and event names (and masks) obey ``--max-name-bytes`` and its characters,
+        and one request lists at most ``--max-names-per-request`` events and masks."""
         check = self.limits.check_name
+        check(queue, "name", MQKSError)
+        self.limits.check_names(sum(map(len, groups)), "events and masks", MQKSError)
         for group in groups:
             for name in group:
                 check(name, "name", MQKSError)
@@ -305,8 +308,8 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
     # -- actions ------------------------------------------------------------
 
     def _consume(self, consumer_id: bytes, data: bytes) -> None:
-        args = codec.parse_consume(data)
-        self._names([args.queue], args.replace, args.add)
+        args = codec.parse_consume(data, self.limits.max_names)
+        self._names(args.queue, args.replace, args.add)
         broker = self.broker
         old = self.factory.consumer(consumer_id)
         if old is not None:
@@ -336,8 +339,8 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
             self._confirm_consume(consumer_id, consumer)
 
     def _rebind(self, request_id: bytes, data: bytes) -> None:
-        args = codec.parse_rebind(data)
-        self._names([args.queue], args.replace, args.remove, args.remove_mask, args.add)
+        args = codec.parse_rebind(data, self.limits.max_names)
+        self._names(args.queue, args.replace, args.remove, args.remove_mask, args.add)
         if args.remove_all:
             self.broker.reconfigure(args.queue, remove=self.broker.bindings.events_of(args.queue))
         else:
@@ -388,7 +391,7 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
 
     def _delete_queue(self, request_id: bytes, data: bytes) -> None:
         confirm, queue = codec.parse_single(data, "queue")
-        self._names([queue])
+        self._names(queue)
         self.broker.delete_queue(queue)
         if confirm:
             self._confirm(request_id)

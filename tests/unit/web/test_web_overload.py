@@ -7,14 +7,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from mqserver.connlimits import ConnectionLimits
 
 
-def metric(web, name: str) -> float:
+def metric(web, name: str, **labels: str) -> float:
     status, text = web.request("GET", "/metrics")
     assert status == 200
     for family in text_string_to_metric_families(text.decode()):
         for sample in family.samples:
-            if sample.name == name:
+            if sample.name == name and labels.items() <= sample.labels.items():
                 return sample.value
-    raise AssertionError(f"no {name} in /metrics")
+    raise AssertionError(f"no {name} {labels} in /metrics")
 
 
 def test_overflow_option_round_trips_and_is_checked(web):
@@ -70,9 +70,15 @@ def test_memory_alarm_refuses_http_publishes_and_shows_in_health_and_metrics(web
     assert metric(web, "mqserver_memory_alarms_total") == 1
 
 
-def test_refused_connections_are_counted_in_metrics(web):
-    limits = ConnectionLimits(total=1)
+def test_refused_connections_are_counted_in_metrics_by_reason(web):
+    limits = ConnectionLimits(total=2, per_ip=1)
     web.broker.connection_limits = limits
+    assert metric(web, "mqserver_connections_refused_total", reason="max_connections") == 0
     limits.admit("10.0.0.1")
+    limits.admit("10.0.0.1")  # a second from one IP
     limits.admit("10.0.0.2")
-    assert metric(web, "mqserver_connections_refused_total") == 1
+    limits.admit("10.0.0.3")  # a third in all
+    limits.admit(None)
+    assert metric(web, "mqserver_connections_refused_total", reason="max_connections") == 2
+    assert metric(web, "mqserver_connections_refused_total",
+                  reason="max_connections_per_ip") == 1
