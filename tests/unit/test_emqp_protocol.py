@@ -266,6 +266,23 @@ def test_retry_count_redelivers_then_dead_letters(h):
     assert dead.id == b"r1" and dead.headers["x-dead-letter-reason"] == "retries"
 
 
+@pytest.mark.parametrize(("dead_letter", "outcome"), [
+    (None, "retries exhausted, dropped (the queue has no dead-letter queue)"),
+    (b"emqp-dead", "retries exhausted, dead-lettered to 'emqp-dead'"),
+])
+def test_the_log_says_whether_a_request_out_of_retries_was_dropped(dead_letter, outcome):
+    h = Harness(dead_letter=dead_letter) if dead_letter else Harness()
+    worker = h.worker(ready=2)
+    request(h.client(), b"t1", headers=b"timeout:2,retry-count:0")
+    worker.recv()
+    with capturedLogs() as events:
+        h.advance(2, worker)
+    lines = [formatEvent(e) for e in events if "t1" in formatEvent(e)]
+    assert lines == [f"emqp: request b't1' failed (its timeout passed); {outcome}"]
+    dead = h.broker.queues.get(b"emqp-dead")
+    assert (len(dead.ready) if dead else 0) == (1 if dead_letter else 0)
+
+
 def test_reply_requested_alone_is_not_retried(h):
     worker = h.worker(ready=1)
     request(h.client(), b"r1", headers=b"reply-requested")

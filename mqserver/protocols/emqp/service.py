@@ -53,6 +53,17 @@ _KEEP_FOR_RUNS = ("guarantee",)
 _KEEP_NUMBERS = ("retry-count", "timeout")
 
 
+def _outcome(queue: Any, final: bool) -> str:
+    """What becomes of a failed request, for the log: the broker dead-letters a message
+    whose retries ran out only if its queue has a dead-letter target; else it is gone."""
+    if not final:
+        return "retrying"
+    target = queue.options.dead_letter
+    if target is None or target == queue.name:
+        return "retries exhausted, dropped (the queue has no dead-letter queue)"
+    return f"retries exhausted, dead-lettered to {target.decode('utf-8', 'replace')!r}"
+
+
 class EMQPService:
     """Everything the three eMQP sockets share."""
 
@@ -317,10 +328,8 @@ class EMQPService:
         limit = fields.get(MAX_RETRIES)
         final = limit is not None and message.retry + 1 > int(limit)
         msgid = message.id
-        log.info(
-            "emqp: request {msgid!r} failed ({why}); {outcome}",
-            msgid=msgid, why=why, outcome="dead-lettered" if final else "retrying",
-        )
+        log.info("emqp: request {msgid!r} failed ({why}); {outcome}", msgid=msgid, why=why,
+                 outcome=_outcome(consumer.queue, final))
         self.broker.reject(consumer, msgid)
         if final and H_REPLY in fields:
             self.send_result(fields.get(H_CLIENT), msgid, result)
