@@ -35,7 +35,8 @@ VALUES = [
     b"", b"default", b"q", b"worker", b"scheduler", b"-1", b"0", b"10", b"1e9", b"* * * * *",
     b"*/5 * * * *", b"61 * * * *", b"reply-requested", b"reply-requested,timeout:1,retry-count:2",
     b"guarantee,nohaste,run_count:2", b"timeout:99999999999999999999", b'[[10, "q"]]',
-    b'[[10, "default"], [1, "q"]]', b"[]", RUN, b'{"value": "TimeoutError"}', b"m1", b"m2",
+    b'[[10, "default"], [1, "q"]]', b'[ [1,"a"] ,\n[2, "b\\"c"],[3,"d"],[4,"e"],[5,"f"] ]',
+    b'[[1, "a"],]', b"[]", RUN, b'{"value": "TimeoutError"}', b"m1", b"m2",
 ]
 
 

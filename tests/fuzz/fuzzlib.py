@@ -33,7 +33,7 @@ with atheris.instrument_imports(include=["mqserver"]):
 
 CORPUS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
 
-LIMITS = Limits(max_name=64, max_id=64, max_headers=8)
+LIMITS = Limits(max_name=64, max_id=64, max_headers=8, max_names=4)
 """Small limits, so that the fuzzer reaches every over-the-limit path quickly."""
 
 
