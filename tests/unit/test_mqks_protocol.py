@@ -448,6 +448,8 @@ def test_a_consume_confirm_comes_before_its_deliveries_while_the_store_is_busy()
     new.protocol.resumeProducing()  # ...and drained: the connection's pauses end
     h.clock.advance(0)
     assert new.lines() == []
+    [consumer] = h.factory.consumers[b"c"].connection.consumers.values()
+    assert consumer.paused and [len(x) for x in new.protocol._held.values()] == [1]
     while store.pending:
         store.pending.pop().callback(None)
     assert new.lines() == [b"c ok ", b"c ok m1 event=e,retry=1 one",

@@ -61,6 +61,21 @@ def test_make_service_opens_storage_then_listens():
     assert d.called
 
 
+def test_every_mqks_listener_is_in_config_workers_of_each():
+    """MQKS ``_eval``'s ``config['workers']``: the addresses the listeners got."""
+    options = parse("--protocol=mqks:tcp:4321:interface=127.0.0.1",
+                    "--protocol=mqks:tcp:4322:interface=127.0.0.1", "--storage=memory",
+                    "--no-http", "--no-gc-tuning")
+    reactor = MemoryReactorClock()
+    service = tap.makeService(options, reactor=reactor)
+    service.startService()
+    first, second = [factory.wrappedFactory for _, factory, _, _ in reactor.tcpServers]
+    assert first.workers is second.workers  # one list per server
+    # (a memory reactor's ports say 0.0.0.0 whatever they were given)
+    assert first.workers == ["0.0.0.0:4321:4321", "0.0.0.0:4322:4322"]
+    assert service.stopService().called
+
+
 def test_extra_listeners_start_once_per_protocol_with_their_labels():
     options = parse(
         "--protocol=emqp:tcp:4000:interface=127.0.0.1", "--protocol=mqks:tcp:4321",

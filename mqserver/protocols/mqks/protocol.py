@@ -285,7 +285,10 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
         data = codec.delivery(consumer.id, message)
         held = self._held
         if held and consumer in held:
-            held[consumer].append(data)  # after its consume's ``ok `` (``Output``)
+            # after its consume's ``ok `` (``Output``); a resume unpaused it: pause it
+            # again, so the dispatch hands it no more than this one meanwhile
+            held[consumer].append(data)
+            consumer.paused = True
         else:
             self._write(data)
         self._count_output(len(data))
