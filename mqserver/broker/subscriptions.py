@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from mqserver.broker.leaving import journal_closed, journal_in_flight
 from mqserver.broker.queue import Connection, Consumer, Slots
 from mqserver.journal.schema import (
     CONNECTION_CLOSED,
     CONNECTION_OPENED,
-    CONSUMER_CLOSED,
     CONSUMER_OPENED,
+    DELETED,
     REASON_CONSUMER_GONE,
     REQUEUED,
     SLIM_KIND,
@@ -169,5 +170,7 @@ class Subscriptions:
                 append((REQUEUED, now, name, message.id, message.created_at, message.retry + 1,
                         consumer.id, connection.id, connection.protocol, len(message.body),
                         message.expires_at, REASON_CONSUMER_GONE, None, consumer.key))
-        append((CONSUMER_CLOSED, now, name, None, None, 0, consumer.id, connection.id,
-                connection.protocol, None, None, None, None, consumer.key))
+        else:  # dropped with their consumer: each copy's terminal record
+            journal_in_flight(self.journal, DELETED, now, consumer, unacked,
+                              REASON_CONSUMER_GONE)
+        journal_closed(self.journal, now, consumer, None)

@@ -10,9 +10,17 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from mqserver.broker.bindings import BindingIndex, mask_regex
+from mqserver.broker.leaving import journal_closed, journal_in_flight, journal_ready
 from mqserver.broker.queue import Queue
 from mqserver.broker.settling import KEEP
-from mqserver.journal.schema import PUBLISHER_KEY, SLIM_PUBLISHED_PLAIN
+from mqserver.journal.schema import (
+    DELETED,
+    PUBLISHER_KEY,
+    PURGED,
+    REASON_QUEUE_DELETED,
+    REASON_UNUSED,
+    SLIM_PUBLISHED_PLAIN,
+)
 from mqserver.model import (
     BIND,
     DECLARE,
@@ -97,11 +105,13 @@ class Topology:
                     consumer.sink.queue_changed(consumer)
         return changed
 
-    def delete_queue(self, name: bytes) -> bool:
+    def delete_queue(self, name: bytes, reason: str = REASON_QUEUE_DELETED) -> bool:
         """Drop a queue, its bindings, messages and consumers.  False if unknown.
 
         Consumers are told (``queue_changed``) after the queue lost its
         bindings and options, then removed; their unacked messages go too.
+        The journal gets a ``deleted`` record (with ``reason``) for each copy,
+        in flight or ready, and a ``consumer_closed`` for each consumer.
         """
         queue = self.queues.pop(name, None)
         self.bindings.unbind_all(name)
@@ -123,8 +133,14 @@ class Topology:
         for consumer in consumers:
             consumer.sink.queue_changed(consumer)
             consumer.active = False
+            if self.journal is not None:
+                journal_in_flight(self.journal, DELETED, now, consumer,
+                                  consumer.unacked.values(), reason)
+                journal_closed(self.journal, now, consumer, reason)
             consumer.unacked.clear()
             consumer.connection.consumers.pop(consumer.id, None)
+        if self.journal is not None:
+            journal_ready(self.journal, DELETED, now, name, queue.ready, reason)
         queue.ready.clear()
         self._op((DELETE_QUEUE, name))
         return True
@@ -135,6 +151,8 @@ class Topology:
         if queue is None:
             return 0
         count = len(queue.ready)
+        if self.journal is not None:
+            journal_ready(self.journal, PURGED, self.clock.seconds(), name, queue.ready, None)
         if self.writer is not None:
             for message in queue.ready:
                 self.writer.add((REMOVE, name, message.seq))
@@ -147,11 +165,11 @@ class Topology:
         if delay is None:
             return
         if delay <= 0:
-            self.delete_queue(queue.name)
+            self.delete_queue(queue.name, REASON_UNUSED)
         else:
             queue.unused_timer = self.clock.callLater(delay, self._delete_if_unused, queue)
 
     def _delete_if_unused(self, queue: Queue) -> None:
         queue.unused_timer = None
         if not queue.consumers and self.queues.get(queue.name) is queue:
-            self.delete_queue(queue.name)
+            self.delete_queue(queue.name, REASON_UNUSED)

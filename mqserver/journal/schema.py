@@ -6,8 +6,13 @@ pipeline builds its Spark schema from the same list, so the two cannot drift.
 
 from __future__ import annotations
 
-VERSION = 1
-"""Value of every record's ``v`` field; bumped when a field changes meaning."""
+VERSION = 2
+"""Value of every record's ``v`` field; bumped when a field changes meaning.
+
+2: every copy that leaves its queue gets a terminal event: ``moved``,
+``purged`` and ``deleted`` are new, and ``consumer_closed`` says why when its
+queue went (version 1 journaled none of them, so its moved, purged and
+deleted copies look still queued)."""
 
 # Event names (the ``event`` field).
 PUBLISHED = "published"
@@ -19,6 +24,8 @@ EXPIRED = "expired"
 MOVED = "moved"
 """An operator moved this copy to another queue (``POST /api/queues/Q/move``); a
 ``published`` record with reason ``moved`` tells its arrival in the target."""
+PURGED = "purged"
+DELETED = "deleted"
 CONSUMER_OPENED = "consumer_opened"
 CONSUMER_CLOSED = "consumer_closed"
 CONNECTION_OPENED = "connection_opened"
@@ -47,9 +54,11 @@ causes carry ``key + tag`` there
 (an addition, which Python 3.11 specializes for ints, where ``|`` is not):
 one value less to hand over per record."""
 
-MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED, MOVED)
-TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED, MOVED)
-"""Events after which this copy of a message is gone from its queue."""
+MESSAGE_EVENTS = (PUBLISHED, DELIVERED, ACKED, REQUEUED, DEAD_LETTERED, EXPIRED, MOVED, PURGED,
+                  DELETED)
+TERMINAL_EVENTS = (ACKED, DEAD_LETTERED, EXPIRED, MOVED, PURGED, DELETED)
+"""Events after which this copy of a message is gone from its queue: every
+copy that leaves a queue gets exactly one of them."""
 
 # Reasons (the ``reason`` field) the broker writes itself.
 REASON_REJECTED = "rejected"
@@ -57,6 +66,10 @@ REASON_CONSUMER_GONE = "consumer_gone"
 REASON_AUTO_ACK = "auto_ack"
 REASON_EXPIRED = "expired"
 REASON_MOVED = "moved"
+REASON_QUEUE_DELETED = "queue_deleted"
+"""``deleted`` and ``consumer_closed``: the queue was deleted (HTTP, MQKS delete_queue)."""
+REASON_UNUSED = "unused"
+"""``deleted``: the queue's delete-when-unused delay ran out (it had no consumers left)."""
 
 FIELDS: tuple[tuple[str, str, str], ...] = (
     ("v", "INT", "schema version"),
@@ -74,7 +87,10 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("connection", "BIGINT", "broker connection id"),
     ("size", "INT", "body size in bytes"),
     ("ttl_ms", "BIGINT", "time to live from publish_ts, when the message has one"),
-    ("reason", "STRING", "why: rejected, consumer_gone, auto_ack, expired, maxlen, retries, ..."),
+    ("reason", "STRING",
+     "why: rejected, consumer_gone, auto_ack, expired, maxlen, retries, moved, queue_deleted, "
+     "unused, "
+     "or a client's dead-letter reason"),
     ("headers", "MAP<STRING,STRING>", "message headers, when it has any"),
     ("body", "BINARY", "base64 body, only with --journal-bodies"),
 )

@@ -20,6 +20,7 @@ from mqserver.journal.schema import (
     SLIM_PUBLISHED,
     SLIM_PUBLISHED_PLAIN,
     SPARK_DDL,
+    VERSION,
     parse_segment_name,
     segment_name,
 )
@@ -65,7 +66,7 @@ def test_message_lifecycle_is_journaled_with_values_of_the_moment(tmp_path):
     journal.stopService()
     got = records(tmp_path)
     assert [r["seq"] for r in got] == list(range(1, len(got) + 1))
-    assert {r["node"] for r in got} == {"n1"} and {r["v"] for r in got} == {1}
+    assert {r["node"] for r in got} == {"n1"} and {r["v"] for r in got} == {VERSION}
     events = [(r["event"], r.get("queue"), r.get("message_id"), r.get("delivery_count"),
                r.get("reason")) for r in got]
     assert events == [
@@ -269,10 +270,14 @@ def test_plain_published_records_name_queue_and_protocol_by_a_key_told_once(tmp_
     assert [(r[0], r[2], r[13]) for r in (pending[49:63], pending[63:77])] == [
         (PUBLISHER_KEY, None, told[13]), (PUBLISHER_KEY, None, told_other[13])]
     journal.stopService()
-    assert [(r["message_id"], r.get("queue"), r.get("protocol"), r["size"], r.get("headers"))
-            for r in records(tmp_path)] == [
-        ("m1", "q", "mqks", 1, None), ("m2", "q", "mqks", 2, None), ("m3", "q", "other", 1, None),
-        ("m4", "q", "mqks", 1, {"h": "1"})]
+    assert [(r["event"], r["message_id"], r.get("queue"), r.get("protocol"), r["size"],
+             r.get("headers")) for r in records(tmp_path)] == [
+        ("published", "m1", "q", "mqks", 1, None), ("published", "m2", "q", "mqks", 2, None),
+        ("published", "m3", "q", "other", 1, None),
+        ("published", "m4", "q", "mqks", 1, {"h": "1"}),
+        # full records, which need no key
+        ("deleted", "m1", "q", "mqks", 1, None), ("deleted", "m2", "q", "mqks", 2, None),
+        ("deleted", "m3", "q", "other", 1, None), ("deleted", "m4", "q", "mqks", 1, None)]
 
 
 def test_journal_keeps_values_not_tuples_so_they_cost_no_garbage_collections(tmp_path):
