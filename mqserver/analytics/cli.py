@@ -77,9 +77,18 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.monotonic()
             frame = REPORTS[name](journal.events)
             export.write_report(frame, os.path.join(args.out, name))
-            if args.html:
+            if args.html or name == "balance":
                 results[name] = _rows(frame)
             _progress(f"report {name} written in {time.monotonic() - t0:.1f} s")
+        if "balance" in results:
+            # the integrity check: on stdout and in summary.json too
+            rows = results["balance"]
+            unbalanced = [row["queue"] for row in rows if not row["balanced"]]
+            summary["balance"] = {"balanced": not unbalanced,
+                                  "verdict": export.balance_verdict(rows),
+                                  "unbalanced_queues": unbalanced, "queues": rows}
+            sys.stdout.write(export.balance_text(rows))
+            sys.stdout.flush()
         summary["records"] = journal.events.count()
         if args.archive:
             count = export.write_archive(journal.events, os.path.join(args.out, "archive"))

@@ -84,6 +84,30 @@ def _chart(name: str, rows: list[dict[str, Any]]) -> str | None:
         pyplot.close(figure)
 
 
+BALANCE_COLUMNS = ("queue", "published", "acked", "dead_lettered", "expired", "purged",
+                   "deleted", "still_there", "unmatched", "balanced")
+
+
+def balance_text(rows: list[dict[str, Any]]) -> str:
+    """The ``balance`` report as a plain table, one queue a line, and a verdict."""
+    table = [BALANCE_COLUMNS] + [
+        tuple("yes" if row[c] is True else "NO" if row[c] is False else str(row[c])
+              for c in BALANCE_COLUMNS) for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(BALANCE_COLUMNS))]
+    lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
+                       for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
+             for line in table]
+    return "\n".join([*lines, balance_verdict(rows)]) + "\n"
+
+
+def balance_verdict(rows: list[dict[str, Any]]) -> str:
+    """One line: whether every queue balances, else which do not."""
+    off = [str(row["queue"]) for row in rows if not row["balanced"]]
+    if not off:
+        return f"balance: all {len(rows)} queues balance"
+    return f"balance: {len(off)} of {len(rows)} queues do not balance: {', '.join(off)}"
+
+
 def write_html(path: str, summary: dict[str, Any], results: dict[str, list[dict]]) -> None:
     """One self-contained page: summary, then each report's chart and first rows."""
     parts = ["<!doctype html><meta charset='utf-8'><title>mqserver analytics</title>",
@@ -91,6 +115,8 @@ def write_html(path: str, summary: dict[str, Any], results: dict[str, list[dict]
              "td,th{border:1px solid #ccc;padding:2px 6px;font-size:12px}</style>",
              "<h1>mqserver journal report</h1><ul>"]
     for key, value in summary.items():
+        if key == "balance":  # its rows are the balance table below
+            value = value["verdict"]
         parts.append(f"<li>{html.escape(str(key))}: {html.escape(str(value))}</li>")
     parts.append("</ul>")
     for name, rows in results.items():

@@ -113,8 +113,8 @@ def ttl(events: Any) -> Any:
 def depth(events: Any) -> Any:
     """Per queue, at the end of each minute with activity: messages not yet settled.
 
-    Depth counts ready and in-flight copies (published minus acked,
-    dead-lettered and expired), from the start of the journal read.
+    Depth counts ready and in-flight copies (published minus every terminal
+    event), from the start of the journal read.
     """
     fn = _f()
     from pyspark.sql import Window
@@ -198,20 +198,62 @@ def seq_gaps(events: Any) -> Any:
     )
 
 
-def unterminated(events: Any) -> Any:
-    """Per queue: copies published in the journal with no acked/dead-lettered/expired event.
+def _copies(events: Any) -> Any:
+    """Per copy key: how often it was published and ended, each terminal event
+    counted, and whether its last message event was a delivery.
 
-    These are still queued or in flight, or their end was not journaled
-    (purged, queue deleted, or a lost record).
+    Keys are counted, not deduplicated: copies of one message dead-lettered
+    from two queues into a third keep their publish time and share a key
+    there, and each is published and ended once.
     """
     fn = _f()
-    published = events.where(fn.col("event") == PUBLISHED).select(*KEY).distinct()
-    ended = events.where(fn.col("event").isin(*TERMINAL_EVENTS)).select(*KEY).distinct()
-    open_ = published.join(ended, KEY, "left_anti")
-    return open_.groupBy("queue").agg(fn.count("*").alias("unterminated"))
+    counts = [fn.sum((fn.col("event") == event).cast("long")).alias(event)
+              for event in (PUBLISHED, *TERMINAL_EVENTS)]
+    copies = events.where(fn.col("event").isin(*MESSAGE_EVENTS)).groupBy(*KEY).agg(
+        *counts, fn.max_by("event", "seq").alias("last_event"))
+    ended = sum((fn.col(event) for event in TERMINAL_EVENTS[1:]), fn.col(TERMINAL_EVENTS[0]))
+    return (copies.withColumn("open", fn.greatest(fn.col(PUBLISHED) - ended, fn.lit(0)))
+            .withColumn("unmatched", fn.greatest(ended - fn.col(PUBLISHED), fn.lit(0))))
+
+
+def balance(events: Any) -> Any:
+    """Per queue: published = acked + dead-lettered + expired + purged + deleted + still there.
+
+    Every copy that leaves a queue gets one terminal event (journal schema
+    2), so the terms are counts of events.  ``still_there`` is the copies
+    published with no end yet, read per copy, not by subtraction: those
+    whose last event is a delivery are ``in_flight``, the rest ``ready``.
+    ``unmatched`` counts ends the data read holds no publish for (a copy
+    ended twice, a lost record, or one published before ``--since``);
+    ``balanced`` says whether the equation holds, which is when there are
+    none.  A copy still there may also be one the journal never saw end: a
+    restart of a server on the memory store, or a version 1 journal's purge.
+    """
+    fn = _f()
+    terms = [fn.sum(event).alias(event) for event in (PUBLISHED, *TERMINAL_EVENTS)]
+    in_flight = (fn.col("last_event") == DELIVERED) & (fn.col("open") > 0)
+    out = _copies(events).groupBy("queue").agg(
+        *terms, fn.sum("open").alias("still_there"),
+        fn.sum(fn.when(in_flight, fn.col("open")).otherwise(0)).alias("in_flight"),
+        fn.sum("unmatched").alias("unmatched"))
+    ended = sum((fn.col(event) for event in TERMINAL_EVENTS[1:]), fn.col(TERMINAL_EVENTS[0]))
+    return (out.withColumn("ready", fn.col("still_there") - fn.col("in_flight"))
+            .withColumn("balanced", fn.col(PUBLISHED) == ended + fn.col("still_there"))
+            .select("queue", PUBLISHED, *TERMINAL_EVENTS, "still_there", "ready", "in_flight",
+                    "unmatched", "balanced")
+            .orderBy("queue"))
+
+
+def unterminated(events: Any) -> Any:
+    """Per queue: copies published with no terminal event (still queued or in
+    flight, or their end was lost): ``balance``'s ``still_there``."""
+    fn = _f()
+    open_ = _copies(events).where(fn.col("open") > 0)
+    return open_.groupBy("queue").agg(fn.sum("open").alias("unterminated"))
 
 
 REPORTS: dict[str, Callable[[Any], Any]] = {
+    "balance": balance,
     "throughput": throughput,
     "latency": latency,
     "redelivery": redelivery,

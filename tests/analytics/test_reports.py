@@ -46,6 +46,11 @@ def generate(seed: int = 7, count: int = 300) -> list[dict[str, Any]]:
             msg["ttl_ms"] = ttl
         add(t, event="published", protocol=protocol, delivery_count=0, **msg)
         fate = rng.random()
+        if fate < 0.06:  # purged or deleted with its queue before any delivery
+            add(t + timedelta(milliseconds=rng.randrange(1, 900)),
+                event=rng.choice(["purged", "deleted"]), protocol=protocol, delivery_count=0,
+                **msg)
+            continue
         if ttl and fate < 0.4:
             add(t + timedelta(milliseconds=ttl + rng.randrange(1, 900)), event="expired",
                 protocol=protocol, delivery_count=0, reason="expired", **msg)
@@ -68,10 +73,15 @@ def generate(seed: int = 7, count: int = 300) -> list[dict[str, Any]]:
                 count_ += 1
                 t = t + timedelta(milliseconds=rng.randrange(1, 500))
                 continue
-            elif roll < 0.92:
+            elif roll < 0.88:
                 add(t, event="dead_lettered", reason=rng.choice(["bad", "retries"]),
                     delivery_count=count_, protocol=on["protocol"], **msg)
+            elif roll < 0.92:  # its queue deleted while in flight
+                add(t, event="deleted", reason="queue_deleted", **on, **msg)
             break  # else left in flight
+    # an end with no publish in the data (as if published before --since): q2 does not balance
+    add(BASE + timedelta(seconds=30), event="purged", queue="q2", message_id="ghost",
+        publish_ts=iso(BASE), protocol="phpmq", delivery_count=0, size=1)
     events.sort(key=lambda pair: pair[0])
     records = []
     seq = 1
@@ -117,8 +127,9 @@ def key(r: dict) -> tuple:
     return (r["node"], r["queue"], r["message_id"], r["publish_ts"])
 
 
-MESSAGE_EVENTS = {"published", "delivered", "acked", "requeued", "dead_lettered", "expired"}
-TERMINAL = {"acked", "dead_lettered", "expired"}
+MESSAGE_EVENTS = {"published", "delivered", "acked", "requeued", "dead_lettered", "expired",
+                  "purged", "deleted"}
+TERMINAL = {"acked", "dead_lettered", "expired", "purged", "deleted"}
 
 
 def brute(records: list[dict[str, Any]]) -> dict[str, dict]:
@@ -204,6 +215,16 @@ def brute(records: list[dict[str, Any]]) -> dict[str, dict]:
     open_ = Counter(r["queue"] for r in records
                     if r["event"] == "published" and key(r) not in ended)
     out["unterminated"] = {(q,): (v,) for q, v in open_.items()}
+    in_flight = Counter(r["queue"] for k, r in last.items() if r["event"] == "delivered")
+    unmatched = Counter(r["queue"] for r in records if r["event"] in TERMINAL and key(r) not in {
+        key(p) for p in records if p["event"] == "published"})
+    out["balance"] = {}
+    for q in {r["queue"] for r in records if r["event"] in MESSAGE_EVENTS}:
+        c = Counter(r["event"] for r in records if r.get("queue") == q)
+        terms = tuple(c[e] for e in ("published", "acked", "dead_lettered", "expired", "purged",
+                                     "deleted"))
+        out["balance"][(q,)] = (*terms, open_[q], open_[q] - in_flight[q], in_flight[q],
+                                unmatched[q], terms[0] == sum(terms[1:]) + open_[q])
     return out
 
 
@@ -220,6 +241,9 @@ COLUMNS = {
                   ("delivered", "acked", "requeued", "ack_rate", "max_processing_ms")),
     "seq_gaps": (("node",), ("records", "min_seq", "max_seq", "missing")),
     "unterminated": (("queue",), ("unterminated",)),
+    "balance": (("queue",), ("published", "acked", "dead_lettered", "expired", "purged",
+                             "deleted", "still_there", "ready", "in_flight", "unmatched",
+                             "balanced")),
 }
 
 
@@ -291,3 +315,27 @@ def test_cli_rejects_unknown_reports(capsys):
     with pytest.raises(SystemExit):
         cli.parse_args(["--journal", "j", "--out", "o", "--reports", "nope"])
     assert "unknown reports" in capsys.readouterr().err
+
+
+def test_cli_prints_the_balance_and_keeps_it_in_summary_and_html(spark, generated, tmp_path,
+                                                                 capsys):
+    records, root = generated
+    out = tmp_path / "out"
+    assert cli.main(["--journal", str(root), "--out", str(out), "--reports", "balance",
+                     "--html"]) == 0
+    text = capsys.readouterr().out.splitlines()
+    assert text[0].split() == ["queue", "published", "acked", "dead_lettered", "expired",
+                               "purged", "deleted", "still_there", "unmatched", "balanced"]
+    expected = brute(records)["balance"]
+    rows = {line.split()[0]: line.split()[1:] for line in text[1:3]}
+    for (queue,), values in expected.items():
+        *counts, still, _, _, unmatched, balanced = values
+        assert rows[queue] == [*map(str, counts), str(still), str(unmatched),
+                               "yes" if balanced else "NO"]
+    assert text[3] == "balance: 1 of 2 queues do not balance: q2"
+    summary = json.loads((out / "summary.json").read_text())["balance"]
+    assert (summary["balanced"], summary["unbalanced_queues"]) == (False, ["q2"])
+    assert [row["queue"] for row in summary["queues"]] == ["q1", "q2"]
+    page = (out / "report.html").read_text()
+    assert "<h2 id='balance'>balance</h2>" in page
+    assert "balance: 1 of 2 queues do not balance: q2" in page
