@@ -2,39 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import re
-import signal
 import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 from mqserver.analytics import cli
 from mqserver.protocols.phpmq import codec
 from mqserver.protocols.phpmq.codec import FrameDecoder
-
-TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
-LISTENING = re.compile(r"(\w+) listening on [\d.]+:(\d+)")
-
-
-def start(journal: Path, workdir: Path) -> tuple[subprocess.Popen, dict[str, int]]:
-    process = subprocess.Popen(
-        [TWISTD, "-n", "--pidfile=", "mqserver", "--no-gc-tuning", "--no-http",
-         "--storage=memory", "--protocol=mqks:tcp:0:interface=127.0.0.1",
-         "--protocol=phpmq:tcp:0:interface=127.0.0.1", f"--journal={journal}",
-         "--journal-node=e2e"],
-        cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ports: dict[str, int] = {}
-    assert process.stdout is not None
-    for line in process.stdout:
-        match = LISTENING.search(line)
-        if match:
-            ports[match.group(1)] = int(match.group(2))
-        if len(ports) == 2:
-            return process, ports
-    raise RuntimeError("server did not start")
 
 
 def recv_until(sock: socket.socket, done, timeout: float = 10.0) -> bytes:
@@ -48,9 +21,9 @@ def recv_until(sock: socket.socket, done, timeout: float = 10.0) -> bytes:
     return data
 
 
-def test_journal_of_real_traffic_over_two_protocols(spark, tmp_path):
+def test_journal_of_real_traffic_over_two_protocols(spark, tmp_path, journaled_server):
     journal = tmp_path / "journal"
-    process, ports = start(journal, tmp_path)
+    ports = journaled_server(journal, "mqks", "phpmq")
     try:
         consumer = socket.create_connection(("127.0.0.1", ports["mqks"]))
         consumer.sendall(b"c consume --confirm q1 e --manual-ack\n")
@@ -87,8 +60,7 @@ def test_journal_of_real_traffic_over_two_protocols(spark, tmp_path):
         php.close()
         publisher.close()
     finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(30)
+        journaled_server.stop()
     assert not list(journal.glob("date=*/*.open")), "the journal sealed its segment at stop"
 
     out = tmp_path / "out"
