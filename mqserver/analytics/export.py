@@ -84,7 +84,7 @@ def _chart(name: str, rows: list[dict[str, Any]]) -> str | None:
         pyplot.close(figure)
 
 
-BALANCE_COLUMNS = ("queue", "published", "acked", "dead_lettered", "expired", "purged",
+BALANCE_COLUMNS = ("queue", "published", "acked", "dead_lettered", "expired", "moved", "purged",
                    "deleted", "still_there", "unmatched", "balanced")
 
 
@@ -97,15 +97,15 @@ def balance_text(rows: list[dict[str, Any]]) -> str:
     lines = ["  ".join(cell.ljust(w) if i == 0 else cell.rjust(w)
                        for i, (cell, w) in enumerate(zip(line, widths, strict=True))).rstrip()
              for line in table]
-    return "\n".join([*lines, balance_verdict(rows)]) + "\n"
+    return "\n".join([*lines, f"balance: {balance_verdict(rows)}"]) + "\n"
 
 
 def balance_verdict(rows: list[dict[str, Any]]) -> str:
-    """One line: whether every queue balances, else which do not."""
+    """Whether every queue balances, else which do not."""
     off = [str(row["queue"]) for row in rows if not row["balanced"]]
     if not off:
-        return f"balance: all {len(rows)} queues balance"
-    return f"balance: {len(off)} of {len(rows)} queues do not balance: {', '.join(off)}"
+        return f"all {len(rows)} queues balance"
+    return f"{len(off)} of {len(rows)} queues do not balance: {', '.join(off)}"
 
 
 def write_html(path: str, summary: dict[str, Any], results: dict[str, list[dict]]) -> None:

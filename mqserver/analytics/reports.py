@@ -217,7 +217,8 @@ def _copies(events: Any) -> Any:
 
 
 def balance(events: Any) -> Any:
-    """Per queue: published = acked + dead-lettered + expired + purged + deleted + still there.
+    """Per queue: published = acked + dead-lettered + expired + moved + purged + deleted
+    + still there.
 
     Every copy that leaves a queue gets one terminal event (journal schema
     2), so the terms are counts of events.  ``still_there`` is the copies

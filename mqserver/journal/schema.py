@@ -89,8 +89,7 @@ FIELDS: tuple[tuple[str, str, str], ...] = (
     ("ttl_ms", "BIGINT", "time to live from publish_ts, when the message has one"),
     ("reason", "STRING",
      "why: rejected, consumer_gone, auto_ack, expired, maxlen, retries, moved, queue_deleted, "
-     "unused, "
-     "or a client's dead-letter reason"),
+     "unused, or a client's dead-letter reason"),
     ("headers", "MAP<STRING,STRING>", "message headers, when it has any"),
     ("body", "BINARY", "base64 body, only with --journal-bodies"),
 )

@@ -4,7 +4,8 @@
 and PHPMQ sockets, the treq HTTP client): acks, auto-acks, rejects, retries
 running out into a dead-letter queue, PHPMQ requeue and dead letter, TTL
 expiry, drop-head, purge, consumers disconnecting, a queue deleted when
-unused, and queues deleted with consumers attached (over MQKS and HTTP).
+unused, queues deleted with consumers attached (over MQKS and HTTP), and an
+operator's move out of a dead-letter queue.
 Then ``mqserver-analytics`` runs the balance report on a real SparkSession,
 and every queue's terms are the exact numbers this workload makes.
 """
@@ -31,18 +32,20 @@ from mqserver.protocols.phpmq.codec import CONTENT, MESSAGE_ID, FrameDecoder
 
 TOKEN = "balance-token"
 
-EXPECTED = {  # published, acked, dead_lettered, expired, purged, deleted, still_there
-    "orders": (10, 8, 0, 0, 0, 0, 2),  # acks, a reject, a disconnect, two left at shutdown
-    "auto": (3, 3, 0, 0, 0, 0, 0),  # auto-acked
-    "tmp": (5, 1, 0, 0, 0, 4, 0),  # MQKS delete_queue while its consumer held four
-    "scratch": (3, 1, 0, 0, 0, 2, 0),  # deleted when unused, after its consumer left
-    "jobs": (4, 1, 2, 0, 0, 0, 1),  # HTTP: retries ran out for two, one rejected back
-    "jobs.dead": (2, 0, 0, 0, 2, 0, 0),  # their dead-letter copies, purged
-    "pq": (6, 2, 1, 2, 0, 0, 1),  # PHPMQ: TTL, 006, 005 then a disconnect
-    "pdel": (5, 0, 0, 0, 0, 5, 0),  # HTTP delete with a PHPMQ consumer holding two
-    "capped": (5, 0, 3, 0, 0, 0, 2),  # max_length 2, drop-head
+EXPECTED = {  # published, acked, dead_lettered, expired, moved, purged, deleted, still_there
+    "orders": (10, 8, 0, 0, 0, 0, 0, 2),  # acks, a reject, a disconnect, two left at shutdown
+    "auto": (3, 3, 0, 0, 0, 0, 0, 0),  # auto-acked
+    "tmp": (5, 1, 0, 0, 0, 0, 4, 0),  # MQKS delete_queue while its consumer held four
+    "scratch": (3, 1, 0, 0, 0, 0, 2, 0),  # deleted when unused, after its consumer left
+    "jobs": (4, 1, 2, 0, 0, 0, 0, 1),  # HTTP: retries ran out for two, one rejected back
+    "jobs.dead": (2, 0, 0, 0, 1, 1, 0, 0),  # their dead-letter copies: one moved, one purged
+    "replay": (1, 0, 0, 0, 0, 0, 0, 1),  # the one moved
+    "pq": (6, 2, 1, 2, 0, 0, 0, 1),  # PHPMQ: TTL, 006, 005 then a disconnect
+    "pdel": (5, 0, 0, 0, 0, 0, 5, 0),  # HTTP delete with a PHPMQ consumer holding two
+    "capped": (5, 0, 3, 0, 0, 0, 0, 2),  # max_length 2, drop-head
 }
-TERMS = ("published", "acked", "dead_lettered", "expired", "purged", "deleted", "still_there")
+TERMS = ("published", "acked", "dead_lettered", "expired", "moved", "purged", "deleted",
+         "still_there")
 
 
 class Lines:
@@ -176,8 +179,11 @@ def test_every_queue_of_a_mixed_workload_balances(spark, tmp_path, journaled_ser
     yield http.ack("jobs", consumer, ["j2"])
     yield http.reject("jobs", consumer, ["j3"])
     yield until(http, "jobs.dead", depth=2)
+    yield http.create_queue("replay")
+    moved = yield http.move("jobs.dead", "replay", limit=1)
+    assert moved["moved"] == 1
     purged = yield http.purge("jobs.dead")
-    assert purged["purged"] == 2
+    assert purged["purged"] == 1
 
     # pq: PHPMQ with TTLs, an ack, a 006, a 005 and a disconnect
     php = PHPMQ(ports["phpmq"])
@@ -222,18 +228,19 @@ def test_every_queue_of_a_mixed_workload_balances(spark, tmp_path, journaled_ser
     assert summary["balanced"] and summary["unbalanced_queues"] == []
     # at the end every copy still there is ready: the shutdown requeued what was held
     assert {(q, row["ready"], row["in_flight"]) for q, row in rows.items() if row["still_there"]} \
-        == {("orders", 2, 0), ("jobs", 1, 0), ("pq", 1, 0), ("capped", 2, 0)}
-    assert text[-1] == f"balance: all {len(EXPECTED)} queues balance"
-    assert "balance: all 9 queues balance" in (out / "report.html").read_text()
+        == {("orders", 2, 0), ("jobs", 1, 0), ("replay", 1, 0), ("pq", 1, 0), ("capped", 2, 0)}
+    assert text[-1] == "balance: all 10 queues balance"
+    assert "balance: all 10 queues balance" in (out / "report.html").read_text()
 
     records = [json.loads(line) for path in sorted(journal.glob("date=*/*.jsonl"))
                for line in path.read_text().splitlines()]
     ends = Counter((r["queue"], r["event"], r.get("reason"), "consumer" in r) for r in records
-                   if r["event"] in ("deleted", "purged", "consumer_closed"))
+                   if r["event"] in ("deleted", "purged", "moved", "consumer_closed"))
     assert {k: v for k, v in ends.items() if k[1] != "consumer_closed"} == {
         ("tmp", "deleted", "queue_deleted", True): 4,
         ("scratch", "deleted", "unused", False): 2,
-        ("jobs.dead", "purged", None, False): 2,
+        ("jobs.dead", "moved", "moved", False): 1,
+        ("jobs.dead", "purged", None, False): 1,
         ("pdel", "deleted", "queue_deleted", True): 2,
         ("pdel", "deleted", "queue_deleted", False): 3,
     }

@@ -46,10 +46,10 @@ def generate(seed: int = 7, count: int = 300) -> list[dict[str, Any]]:
             msg["ttl_ms"] = ttl
         add(t, event="published", protocol=protocol, delivery_count=0, **msg)
         fate = rng.random()
-        if fate < 0.06:  # purged or deleted with its queue before any delivery
+        if fate < 0.06:  # moved, purged or deleted with its queue before any delivery
             add(t + timedelta(milliseconds=rng.randrange(1, 900)),
-                event=rng.choice(["purged", "deleted"]), protocol=protocol, delivery_count=0,
-                **msg)
+                event=rng.choice(["moved", "purged", "deleted"]), protocol=protocol,
+                delivery_count=0, **msg)
             continue
         if ttl and fate < 0.4:
             add(t + timedelta(milliseconds=ttl + rng.randrange(1, 900)), event="expired",
@@ -128,8 +128,8 @@ def key(r: dict) -> tuple:
 
 
 MESSAGE_EVENTS = {"published", "delivered", "acked", "requeued", "dead_lettered", "expired",
-                  "purged", "deleted"}
-TERMINAL = {"acked", "dead_lettered", "expired", "purged", "deleted"}
+                  "moved", "purged", "deleted"}
+TERMINAL = {"acked", "dead_lettered", "expired", "moved", "purged", "deleted"}
 
 
 def brute(records: list[dict[str, Any]]) -> dict[str, dict]:
@@ -221,8 +221,8 @@ def brute(records: list[dict[str, Any]]) -> dict[str, dict]:
     out["balance"] = {}
     for q in {r["queue"] for r in records if r["event"] in MESSAGE_EVENTS}:
         c = Counter(r["event"] for r in records if r.get("queue") == q)
-        terms = tuple(c[e] for e in ("published", "acked", "dead_lettered", "expired", "purged",
-                                     "deleted"))
+        terms = tuple(c[e] for e in ("published", "acked", "dead_lettered", "expired", "moved",
+                                     "purged", "deleted"))
         out["balance"][(q,)] = (*terms, open_[q], open_[q] - in_flight[q], in_flight[q],
                                 unmatched[q], terms[0] == sum(terms[1:]) + open_[q])
     return out
@@ -241,9 +241,9 @@ COLUMNS = {
                   ("delivered", "acked", "requeued", "ack_rate", "max_processing_ms")),
     "seq_gaps": (("node",), ("records", "min_seq", "max_seq", "missing")),
     "unterminated": (("queue",), ("unterminated",)),
-    "balance": (("queue",), ("published", "acked", "dead_lettered", "expired", "purged",
-                             "deleted", "still_there", "ready", "in_flight", "unmatched",
-                             "balanced")),
+    "balance": (("queue",), ("published", "acked", "dead_lettered", "expired", "moved",
+                             "purged", "deleted", "still_there", "ready", "in_flight",
+                             "unmatched", "balanced")),
 }
 
 
@@ -325,7 +325,8 @@ def test_cli_prints_the_balance_and_keeps_it_in_summary_and_html(spark, generate
                      "--html"]) == 0
     text = capsys.readouterr().out.splitlines()
     assert text[0].split() == ["queue", "published", "acked", "dead_lettered", "expired",
-                               "purged", "deleted", "still_there", "unmatched", "balanced"]
+                               "moved", "purged", "deleted", "still_there", "unmatched",
+                               "balanced"]
     expected = brute(records)["balance"]
     rows = {line.split()[0]: line.split()[1:] for line in text[1:3]}
     for (queue,), values in expected.items():

@@ -3,8 +3,8 @@
 The broker runs on ``task.Clock`` with a real ``Journal`` writing segments
 in-process; each test reads the JSON lines back.  ``ledger`` is the
 integrity report's arithmetic done by hand: per queue, published = acked +
-dead-lettered + expired + purged + deleted + still there, where "still
-there" is read from the broker itself (ready + in flight).
+dead-lettered + expired + moved + purged + deleted + still there, where
+"still there" is read from the broker itself (ready + in flight).
 """
 
 from __future__ import annotations
@@ -229,6 +229,19 @@ def test_deleting_a_queue_with_consumers_ends_every_copy_and_closes_each_consume
                                                         deleted=5)
 
 
+def test_a_move_ends_the_copy_in_its_source_and_publishes_one_in_its_target(tmp_path):
+    broker, journal, _ = make(tmp_path)
+    broker.declare_queue(b"to")
+    for n in range(3):
+        broker.publish_to_queue(b"from", b"m%d" % n, b"x")
+    assert broker.move(b"from", b"to", limit=2).moved == 2
+    got = read(journal)
+    assert terminal(got) == [("moved", "from", f"m{n}", "moved", None, 0) for n in range(2)]
+    counts = assert_balanced(broker, got)
+    assert (counts["from"], counts["to"]) == (Counter(published=3, moved=2),
+                                              Counter(published=2))
+
+
 def test_queues_deleted_when_unused_end_their_ready_copies(tmp_path):
     broker, journal, clock = make(tmp_path)
     conn = broker.connection_opened("mqks", "p", RecordingSink())
@@ -255,7 +268,7 @@ def test_queues_deleted_when_unused_end_their_ready_copies(tmp_path):
 OPS = st.lists(st.tuples(
     st.sampled_from(["publish", "publish_ttl", "publish_event", "dispatch", "ack", "reject",
                      "dead_letter", "cancel", "cancel_drop", "consume", "expire", "purge",
-                     "delete", "options"]),
+                     "delete", "options", "move"]),
     st.integers(0, 2), st.integers(0, 3)), max_size=60)
 
 
@@ -306,6 +319,9 @@ def test_any_mix_of_operations_balances_every_queue(tmp_path_factory, ops):
             broker.purge(name)
         elif op == "delete":
             broker.delete_queue(name)
+        elif op == "move" and name in broker.queues and names[n % 3] in broker.queues \
+                and names[n % 3] != name:
+            broker.move(name, names[n % 3], limit=n or None)
         elif op == "options":
             broker.declare_queue(name, QueueOptions(
                 dead_letter=names[(q + 1) % 3] if n else None, max_length=n or None,
