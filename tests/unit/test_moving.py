@@ -201,15 +201,30 @@ def test_the_ops_of_each_moved_message_share_a_batch_whatever_the_batch_cap():
     assert len(store.batches) > 2  # the cap did split the move
 
 
-STORES = {
-    "sqlite": lambda path: SQLiteStore(path / "mq.sqlite3"),
-    "log": lambda path: LogStore(path),
-}
+def store_maker(kind: str, request: Any) -> Any:
+    """``make(path)``: a new store of ``kind`` keeping its data at ``path`` (PostgreSQL:
+    a database per path on the module's cluster, skipped without its binaries)."""
+    if kind == "sqlite":
+        return lambda path: SQLiteStore(path / "mq.sqlite3")
+    if kind == "log":
+        return LogStore
+    from mqserver.storage.postgres import PostgresStore
+
+    cluster = request.getfixturevalue("postgres_cluster")
+    databases: dict[Path, str] = {}
+
+    def make(path: Path) -> PostgresStore:
+        if path not in databases:
+            databases[path] = cluster.create_database(f"move_{len(databases)}")
+        return PostgresStore(databases[path])
+
+    return make
 
 
-@pytest.mark.parametrize("kind", sorted(STORES))
+@pytest.mark.parametrize("kind", ["sqlite", "log", "postgres"])
 @pytest_twisted.inlineCallbacks
-def test_a_crash_after_any_batch_of_a_move_leaves_each_message_in_one_queue(kind, tmp_path):
+def test_a_crash_after_any_batch_of_a_move_leaves_each_message_in_one_queue(kind, tmp_path,
+                                                                             request):
     """Every prefix of the move's batches, applied to a real store and recovered.
 
     A store applies a batch atomically (the contract's business), so a crash
@@ -232,16 +247,17 @@ def test_a_crash_after_any_batch_of_a_move_leaves_each_message_in_one_queue(kind
         clock.advance(0)
     batches = recorder.batches
     assert len(batches) >= 4
+    make = store_maker(kind, request)
     everything = {b"%d" % i for i in range(9)} | {b"first"}
     for prefix in range(len(batches) + 1):
         path: Path = tmp_path / f"prefix-{prefix}"
-        store = STORES[kind](path)
+        store = make(path)
         yield store.open()
         yield store.apply(setup)
         for batch in batches[:prefix]:
             yield store.apply(batch)
         yield store.close()
-        store = STORES[kind](path)
+        store = make(path)
         recovered = yield store.open()
         yield store.close()
         where = [(m.id, name) for name, rq in recovered.queues.items() for m in rq.messages
