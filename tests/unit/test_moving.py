@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 
 from mqserver.broker.core import Broker
 from mqserver.broker.moving import TARGET_FULL, MoveError
+from mqserver.journal.schema import TERMINAL_EVENTS
 from mqserver.journal.writer import Journal
 from mqserver.model import ENQUEUE, REMOVE, QueueOptions
 from mqserver.storage.log import LogStore
@@ -160,7 +161,7 @@ def test_the_journal_says_each_copy_left_the_source_and_arrived_in_the_target(tm
     for r in lines:
         if r["event"] == "published":
             balance[r["queue"]] = balance.get(r["queue"], 0) + 1
-        elif r["event"] in ("acked", "dead_lettered", "expired", "moved"):
+        elif r["event"] in TERMINAL_EVENTS:
             balance[r["queue"]] = balance.get(r["queue"], 0) - 1
     assert balance == {"orders": 1, "orders.dead": 1}
     assert balance == {name.decode(): len(q.ready) for name, q in broker.queues.items()}
