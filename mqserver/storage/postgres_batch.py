@@ -115,10 +115,17 @@ class EncodedBatch:
 
 
 def message_row(message: Message) -> Row:
+    """The ``messages`` row of a message.
+
+    Headers are JSON with every non-ASCII character escaped: a header a client
+    sent may hold a NUL or a lone surrogate, which PostgreSQL text (and UTF-8)
+    cannot carry but a ``\\uXXXX`` escape in a json value can, so no client can
+    make a batch fail forever.
+    """
     headers = message.headers
     return (
         message.seq, message.queue, message.id, message.body, message.event,
-        None if headers is None else json.dumps(headers, ensure_ascii=False),
+        None if headers is None else json.dumps(headers),
         message.created_at, message.expires_at, message.retry, message.source,
     )
 

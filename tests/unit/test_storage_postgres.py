@@ -90,6 +90,20 @@ def test_rows_upserted_before_a_queue_drop_are_not_written_after_it(postgres_dsn
 
 
 @pytest_twisted.inlineCallbacks
+def test_any_header_text_survives(postgres_dsn: str) -> Any:
+    """NUL and lone surrogates (JSON escapes allow both) must not fail a batch forever."""
+    odd = message(1, headers={"nul": "a\x00b", "lone": "\ud800", "ü\u2603": "ß"})
+    store = PostgresStore(postgres_dsn)
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions()), (ENQUEUE, odd)])
+    yield store.close()
+    store = PostgresStore(postgres_dsn)
+    recovered = yield store.open()
+    yield store.close()
+    assert recovered.queues[b"q"].messages == [odd]
+
+
+@pytest_twisted.inlineCallbacks
 def test_a_second_server_on_the_same_schema_is_refused(postgres_dsn: str) -> Any:
     first = PostgresStore(postgres_dsn)
     yield first.open()
