@@ -169,7 +169,7 @@ class PostgresStore:
     # -- store thread -------------------------------------------------------
 
     def _connect_thd(self) -> psycopg.Connection[Any]:
-        """A new session holding the store's lock, with the staging table made."""
+        """A new session holding the store's lock."""
         params = dict(DEFAULT_PARAMS)
         params.update(psycopg.conninfo.conninfo_to_dict(self.dsn))
         conn = psycopg.connect(**params, autocommit=True)
@@ -203,8 +203,6 @@ class PostgresStore:
         conn = self._connect_thd()
         if self.is_open:
             self.reconnects += 1
-        # made after the schema: LIKE needs the messages table
-        conn.execute(_CREATE_STAGE)
         self._conn = conn
         return conn
 
@@ -222,7 +220,6 @@ class PostgresStore:
             upgraded = upgrade_thd(conn)
             if upgraded:
                 notes.append(upgraded)
-            conn.execute(_CREATE_STAGE)
             recovered = self._load_thd(conn)
         except BaseException:
             conn.close()
@@ -324,6 +321,10 @@ class PostgresStore:
         if inserts:
             _copy_rows(cur, _COPY_IN, inserts)
         if upserts:
+            # made when first needed (most sessions never upsert), in the
+            # transaction: a rollback takes it away again, and IF NOT EXISTS
+            # makes it again
+            cur.execute(_CREATE_STAGE)
             _copy_rows(cur, _COPY_STAGE, upserts)
             cur.execute(_UPSERT_STAGED)
             # emptied now, not at commit: a later step of this batch (after a

@@ -38,15 +38,17 @@ def upgrade_steps(version: int, latest: int = SCHEMA_VERSION) -> list[str]:
 
 def current_version_thd(conn: psycopg.Connection[Any]) -> int:
     """The version of the schema in the session's current schema (0: none yet)."""
-    found = {name for (name,) in conn.execute(
-        "SELECT table_name FROM information_schema.tables "
-        "WHERE table_schema = current_schema() AND table_name = ANY(%s)", (list(TABLES),),
-    )}
-    if "schema_version" in found:
+    if conn.execute("SELECT to_regclass('schema_version')").fetchone()[0]:  # type: ignore[index]
         row = conn.execute("SELECT version FROM schema_version").fetchone()
         if row is None:
             raise StoreFormatError("the schema_version table is empty")
         return int(row[0])
+    # none: a new schema, or someone else's (information_schema is slow, so
+    # it is asked only here)
+    found = {name for (name,) in conn.execute(
+        "SELECT table_name FROM information_schema.tables "
+        "WHERE table_schema = current_schema() AND table_name = ANY(%s)", (list(TABLES),),
+    )}
     if found:
         raise StoreFormatError(
             f"the schema has tables named {', '.join(sorted(found))} but no schema_version: "

@@ -6,6 +6,7 @@ tests/conftest.py) and every test a fresh database on it.
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,16 @@ class TestPostgresStore(StoreContract):
     @pytest.fixture(autouse=True)
     def _database(self, postgres_dsn: str) -> None:
         self.dsn = postgres_dsn
+        self.schemas: dict[Path, str] = {}
 
     def make_store(self, path: Path) -> PostgresStore:
-        return PostgresStore(self.dsn)
+        """A store in a schema of its own per path: what a directory is to a file store
+        (some contract tests, and the durability machine, use several paths)."""
+        if path not in self.schemas:
+            name = "s_" + hashlib.sha1(str(path).encode()).hexdigest()[:16]
+            query(self.dsn, f"CREATE SCHEMA {name}")
+            self.schemas[path] = f"{self.dsn} options=-csearch_path={name}"
+        return PostgresStore(self.schemas[path])
 
 
 def query(dsn: str, statement: str, *params: Any) -> list[tuple[Any, ...]]:
