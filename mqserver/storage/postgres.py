@@ -125,10 +125,12 @@ class PostgresStore:
     # -- reactor side -------------------------------------------------------
 
     def open(self) -> Deferred[Recovered]:
-        def opened(result: tuple[Recovered, list[str]]) -> Recovered:
-            recovered, notes = result
+        def opened(result: tuple[Recovered, list[str], list[str]]) -> Recovered:
+            recovered, notes, warnings = result
             for note in notes:
                 log.info("{text}", text=note)
+            for warning in warnings:
+                log.warn("{text}", text=warning)
             self.is_open = True
             return recovered
 
@@ -178,7 +180,7 @@ class PostgresStore:
             # a session that just went away (our own previous run, closed or
             # killed) may hold it for a few more milliseconds: wait, bounded
             conn.execute("SELECT set_config('lock_timeout', %s, false)",
-                         (f"{int(self.lock_wait * 1000)}ms",))
+                         (f"{max(1, int(self.lock_wait * 1000))}ms",))  # 0 would wait forever
             try:
                 conn.execute(_LOCK, (key,))
             except psycopg.errors.LockNotAvailable:
@@ -211,12 +213,17 @@ class PostgresStore:
         if conn is not None:
             conn.close()
 
-    def _open_thd(self) -> tuple[Recovered, list[str]]:
+    def _open_thd(self) -> tuple[Recovered, list[str], list[str]]:
+        """What the store holds, and lines for the reactor to log (info, warnings)."""
         conn = self._connect_thd()
         try:
+            sync = conn.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
             notes = [f"PostgreSQL store: {conn.info.host}:{conn.info.port}/{conn.info.dbname}, "
-                     f"server {conn.info.server_version}, synchronous_commit="
-                     f"{conn.execute('SHOW synchronous_commit').fetchone()[0]}"]  # type: ignore[index]
+                     f"server {conn.info.server_version}, synchronous_commit={sync}"]
+            warnings = [] if sync != "off" else [
+                "synchronous_commit=off: a confirm does not wait for the WAL flush, so a "
+                "crash of the database server may lose confirmed messages"
+            ]
             upgraded = upgrade_thd(conn)
             if upgraded:
                 notes.append(upgraded)
@@ -225,7 +232,7 @@ class PostgresStore:
             conn.close()
             raise
         self._conn = conn
-        return recovered, notes
+        return recovered, notes, warnings
 
     def _load_thd(self, conn: psycopg.Connection[Any]) -> Recovered:
         recovered = Recovered()

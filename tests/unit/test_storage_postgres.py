@@ -184,7 +184,14 @@ def test_commit_time_and_settings_are_reported(postgres_dsn: str) -> Any:
     text = " ".join(e.get("text", "") for e in events)
     assert "synchronous_commit=on" in text and "schema created at version 1" in text
     yield store.apply([(DECLARE, b"q", QueueOptions()), (ENQUEUE, message(1))])
+    yield store.close()
+    store = PostgresStore(postgres_dsn + " options=-csynchronous_commit=off")
+    with capturedLogs() as events:
+        yield store.open()
+    assert any("may lose confirmed messages" in e.get("text", "") and
+               e["log_level"].name == "warn" for e in events)
+    yield store.apply([(ENQUEUE, message(2))])
     metrics = store.metrics()
-    assert metrics["commit_seconds_total"] > 0
+    assert metrics["commit_seconds_total"] > 0 and metrics["commits_total"] == 1
     assert metrics["last_commit_seconds"] == pytest.approx(metrics["commit_seconds_total"])
     yield store.close()
