@@ -7,11 +7,14 @@ HTTP under load, SIGKILL at a random moment, restart, check every copy of
 every message against what the clients know) N times for each configuration
 and prints what it measured per configuration.  Exits 1 on the first
 failure, with the seed to reproduce the clients' and the kill's choices.
+``postgres`` starts a PostgreSQL cluster of its own for the run
+(``mqserver.pgtesting``: Debian's server binaries, ``make postgres-setup``).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import random
 import sys
 import tempfile
@@ -27,7 +30,19 @@ CONFIGS = {
     "log-always": ["--storage=log", "--fsync=always"],
     "log-interval": ["--storage=log", "--fsync=interval:50"],
     "log-never": ["--storage=log", "--fsync=never"],
+    "postgres": ["--storage=postgres"],  # --postgres-dsn of a cluster started for the run
 }
+
+
+def _storage_args(name: str, args: list[str], stack: contextlib.ExitStack) -> list[str]:
+    """``args``, with a database for ``postgres``: a throwaway cluster, stopped at the end."""
+    if name != "postgres":
+        return args
+    from mqserver.pgtesting import PostgresCluster
+
+    cluster = PostgresCluster.create()
+    stack.callback(cluster.destroy)
+    return [*args, f"--postgres-dsn={cluster.dsn()}"]
 
 
 def main() -> int:
@@ -48,9 +63,10 @@ def main() -> int:
         configs = {name: CONFIGS[name] for name in (args.config or CONFIGS)}
     print(f"seed {seed}, {args.cycles} cycles per configuration")
     for name, storage_args in configs.items():
-        with tempfile.TemporaryDirectory(prefix="mqserver-soak-") as workdir:
-            crash = CrashTest(storage_args, Path(workdir), seed=seed,
-                              max_kill_delay=args.max_kill_delay)
+        with contextlib.ExitStack() as stack:
+            workdir = stack.enter_context(tempfile.TemporaryDirectory(prefix="mqserver-soak-"))
+            crash = CrashTest(_storage_args(name, storage_args, stack), Path(workdir),
+                              seed=seed, max_kill_delay=args.max_kill_delay)
             started = time.monotonic()
             try:
                 reports = crash.run(args.cycles)
