@@ -33,6 +33,7 @@ setup(
         "mqserver",
         "mqserver.broker",
         "mqserver.crashtest",
+        "mqserver.ha",
         "mqserver.storage",
         "mqserver.protocols",
         "mqserver.protocols.mqks",

@@ -133,6 +133,15 @@ class Options(usage.Options):
          "Seal a journal segment once it holds this many bytes.", int],
         ["journal-segment-seconds", None, 300.0,
          "Seal a journal segment once it is this many seconds old.", float],
+        ["ha-node", None, None,
+         "--ha: this node's name in the lease row and logs (default: host name and pid)."],
+        ["ha-lease", None, 5.0,
+         "--ha: seconds the active's lease lasts; a hung or cut-off active is replaced "
+         "about this long after its last renewal (docs/ha.md).", float],
+        ["ha-renew", None, 1.0, "--ha: seconds between the active's lease renewals.", float],
+        ["ha-poll", None, 0.5,
+         "--ha: seconds between a standby's attempts to take the claim; bounds the "
+         "takeover after a kill -9 of the active.", float],
         *_plugin_options(_PROTOCOLS, _STORAGE),
     ]
     optFlags = [
@@ -141,6 +150,8 @@ class Options(usage.Options):
         ["limit-loopback-per-ip", None, "Count loopback clients (127.0.0.0/8, ::1) against "
          "--max-connections-per-ip too (by default they are this host's own processes and "
          "count only toward --max-connections)."],
+        ["ha", None, "Active/standby on a shared PostgreSQL database (--storage=postgres): "
+         "serve only while this node holds the claim, else stand by (docs/ha.md)."],
         ["journal-bodies", None, "Also journal message bodies (base64) and so allow an archive "
          "with bodies."],
     ]
@@ -179,6 +190,8 @@ class Options(usage.Options):
             raise usage.UsageError(
                 f"unknown storage {self['storage']!r}; available: {', '.join(sorted(_STORAGE))}"
             )
+        if self["ha"] and self["storage"] != "postgres":
+            raise usage.UsageError("--ha needs --storage=postgres")
         if not self["protocols"]:
             self["protocols"] = [
                 (name, plugin.default_endpoint) for name, plugin in sorted(_PROTOCOLS.items())
@@ -249,10 +262,34 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         from twisted.internet import reactor as default_reactor
 
         reactor = default_reactor
+    from mqserver.connlimits import ConnectionLimits, GuardedFactory
+
+    limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"],
+                              loopback_per_ip=bool(config["limit-loopback-per-ip"]))
+    if config["ha"]:
+        from mqserver.ha.node import build_node
+
+        return build_node(config, reactor, limits)
+    store = _STORAGE[config["storage"]].build_store(config, reactor)
+    service = build_broker_service(config, reactor, store, limits)
+    for label, description, site in http_sites(config, service.broker):
+        endpoint = endpoints.serverFromString(reactor, description)
+        Listener(label, endpoint, GuardedFactory(site, limits, label, reactor),
+                 reactor).setServiceParent(service)
+    return service
+
+
+def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any) -> Any:
+    """The broker over ``store``, as a service with a child per protocol listener.
+
+    Everything but the HTTP sites (``http_sites``), which an active/standby
+    node (``mqserver.ha``) keeps listening while it builds a broker each time
+    it becomes active.
+    """
     from mqserver.broker.core import Broker
     from mqserver.broker.service import BrokerService
+    from mqserver.connlimits import GuardedFactory
 
-    store = _STORAGE[config["storage"]].build_store(config, reactor)
     if store.durable:
         # here rather than in each backend: a missing ./data/ is the normal
         # first run, and a path that cannot be created fails before twistd
@@ -281,10 +318,6 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         )
         journal.setServiceParent(service)
         broker.journal = journal
-    from mqserver.connlimits import ConnectionLimits, GuardedFactory
-
-    limits = ConnectionLimits(config["max-connections"], config["max-connections-per-ip"],
-                              loopback_per_ip=bool(config["limit-loopback-per-ip"]))
     broker.connection_limits = limits
 
     def guarded(factory: Any, label: str, idle: float | None = None) -> GuardedFactory:
@@ -309,21 +342,29 @@ def makeService(config: Options, reactor: Any = None) -> IService:
             Listener(label, endpoint, guarded(extra_factory, label), reactor).setServiceParent(
                 service
             )
-    if not config["no-http"]:
-        from mqserver.limits import Limits
-        from mqserver.web.app import build_site
-
-        site = build_site(broker, token=config["http-token"], max_body=config["http-max-body"],
-                          storage_name=config["storage"], limits=Limits.from_config(config),
-                          read_token=config["http-read-token"])
-        endpoint = endpoints.serverFromString(reactor, config["http"])
-        Listener("http", endpoint, guarded(site, "http"), reactor).setServiceParent(service)
-    if config["metrics"]:
-        from mqserver.web import metrics
-        from mqserver.web.app import build_site
-
-        site = build_site(broker, storage_name=config["storage"], routes=metrics.ROUTES)
-        endpoint = endpoints.serverFromString(reactor, config["metrics"])
-        Listener("metrics", endpoint, guarded(site, "metrics"), reactor).setServiceParent(
-            service)
     return service
+
+
+def http_endpoints(config: Options) -> list[tuple[str, str]]:
+    """``(label, endpoint)`` of the HTTP API (``--http``) and ``--metrics``, those that are on."""
+    found = [] if config["no-http"] else [("http", config["http"])]
+    return found + ([("metrics", config["metrics"])] if config["metrics"] else [])
+
+
+def http_sites(config: Options, broker: Any) -> list[tuple[str, str, Any]]:
+    """``(label, endpoint, site)`` for each of ``http_endpoints``: the sites serving ``broker``."""
+    from mqserver.limits import Limits
+    from mqserver.web import metrics
+    from mqserver.web.app import build_site
+
+    sites = []
+    for label, description in http_endpoints(config):
+        if label == "http":
+            site = build_site(
+                broker, token=config["http-token"], max_body=config["http-max-body"],
+                storage_name=config["storage"], limits=Limits.from_config(config),
+                read_token=config["http-read-token"])
+        else:
+            site = build_site(broker, storage_name=config["storage"], routes=metrics.ROUTES)
+        sites.append((label, description, site))
+    return sites

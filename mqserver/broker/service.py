@@ -38,6 +38,9 @@ class BrokerService(MultiService):
         # how long a shutdown waits for closed connections to go (their
         # output flushed) before the reactor drops what is left
         self.close_timeout = 5.0
+        # a failed start stops the process (exit 1), except under mqserver.ha,
+        # whose node goes back to standby instead (it watches ``ready``)
+        self.exit_on_start_failure = True
 
     def startService(self) -> None:
         self.running = 1
@@ -70,7 +73,8 @@ class BrokerService(MultiService):
         self.storage_error = failure.getErrorMessage()
         log.failure("mqserver could not start", failure)
         self.ready.errback(failure)
-        stop_with_error(self.broker.clock)
+        if self.exit_on_start_failure:
+            stop_with_error(self.broker.clock)
 
     def _expire(self) -> None:
         try:
@@ -121,6 +125,35 @@ class BrokerService(MultiService):
                  ready=self.broker.ready_count())
 
     @inlineCallbacks
+    def abandon(self, reason: str) -> Any:
+        """Stop serving at once, storing and confirming nothing more (``mqserver.ha``).
+
+        For an active node whose store lost the database session that held
+        its claim: another node may be active already, so unlike
+        ``stopService`` nothing is flushed (a batch could not commit anyway)
+        and no waiting confirm will ever succeed.  The writer stops first, so
+        the requeues of closing connections store nothing; listeners stop,
+        every client is closed (told ``reason``), the journal is sealed and
+        the store closed.  The broker and its state are then garbage.
+        """
+        self.running = 0
+        if self.broker.writer is not None:
+            self.broker.writer.stop()
+        journal = [s for s in self if s is self.broker.journal]
+        yield DeferredList([
+            d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
+            if d is not None
+        ])
+        if self._expiry.running:
+            self._expiry.stop()
+        self.broker.flow.stop()
+        self._stop_reading()
+        yield self._close_connections(reason)
+        for service in journal:
+            yield service.stopService()
+        yield self.broker.store.close()
+
+    @inlineCallbacks
     def _flush(self) -> Any:
         try:
             yield self.broker.durable()
@@ -142,7 +175,7 @@ class BrokerService(MultiService):
             if client is not None:
                 client.pause_reading()
 
-    def _close_connections(self) -> Deferred[None]:
+    def _close_connections(self, reason: str = "the server is shutting down") -> Deferred[None]:
         """Close every client connection that can be closed; fires once all are gone."""
         closing = []
         for connection in list(self.broker.connections.values()):
@@ -151,7 +184,7 @@ class BrokerService(MultiService):
                 continue
             closing.append(connection)
             try:
-                client.close("the server is shutting down")
+                client.close(reason)
             except Exception:
                 log.failure("closing connection {id} failed", id=connection.id)
         done: Deferred[None] = Deferred()

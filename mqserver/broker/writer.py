@@ -51,6 +51,7 @@ class StoreWriter:
         # the op before them (``add_with_previous``); empty on the hot path
         self._glued: set[int] = set()
         self._call: Any = None
+        self._stopped = False
         self._in_flight = False
         self._pending_waiters: list[Deferred[None]] = []
         self._flight_waiters: list[Deferred[None]] = []
@@ -68,9 +69,13 @@ class StoreWriter:
         return self.last_error is not None
 
     def stop(self) -> None:
-        """No more retries: the service gave up on its last flush and closes the store."""
+        """No more batches or retries: the service gave up on its last flush and
+        closes the store, or the store's session is gone (``BrokerService.abandon``)."""
+        self._stopped = True
         if self._retry is not None and self._retry.active():
             self._retry.cancel()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
 
     def add(self, op: tuple[Any, ...]) -> None:
         self.ops.append(op)
@@ -106,7 +111,7 @@ class StoreWriter:
 
     def _flush(self) -> None:
         self._call = None
-        if self._in_flight or not self.ops or self._retry is not None:
+        if self._in_flight or not self.ops or self._retry is not None or self._stopped:
             return
         # A store may encode a batch on the reactor thread: cap what one
         # apply gets.  Waiters stay pending until the op list is empty,
@@ -170,7 +175,8 @@ class StoreWriter:
             log.error("storage still failing ({n} failed batches, {ops} ops pending): {e}",
                       n=self.failures, ops=len(self.ops), e=self.last_error)
         # scheduled before the waiters run: one of them may be a shutdown's stop()
-        self._retry = self._clock.callLater(self._delay, self._retry_now)
+        if not self._stopped:
+            self._retry = self._clock.callLater(self._delay, self._retry_now)
         self._delay = min(self._delay * 2, self.max_retry_delay)
         for d in waiters:
             d.errback(failure)

@@ -33,7 +33,8 @@ EXPECTED = {"mqks", "phpmq", "emqp", "emqp-backend", "http"}
 class ServerProcess:
     """``twistd -n mqserver`` with every listener on loopback; its output kept for reports."""
 
-    def __init__(self, args: list[str], workdir: Path, timeout: float = 30.0) -> None:
+    def __init__(self, args: list[str], workdir: Path, timeout: float = 30.0,
+                 expected: set[str] = EXPECTED) -> None:
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         self.output: list[str] = []
         self.ports: dict[str, int] = {}
@@ -42,8 +43,9 @@ class ServerProcess:
             cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self._ready = threading.Event()
+        self.expected = expected  # listeners that make it ready (a standby has only http)
         threading.Thread(target=self._read, daemon=True).start()
-        if not self._ready.wait(timeout) or not set(self.ports) >= EXPECTED:
+        if not self._ready.wait(timeout) or not set(self.ports) >= expected:
             self.kill()
             raise RuntimeError("server did not start:\n" + "".join(self.output))
 
@@ -54,7 +56,7 @@ class ServerProcess:
             match = LISTENING.search(line)
             if match:
                 self.ports[match.group(1)] = int(match.group(2))
-                if set(self.ports) >= EXPECTED:
+                if set(self.ports) >= self.expected:
                     self._ready.set()
         self._ready.set()
 

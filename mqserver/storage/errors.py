@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from mqserver.storage.memory import StoreClosedError
 
-__all__ = ["StoreClosedError", "StoreFailedError", "StoreFormatError", "StoreLockedError"]
+__all__ = ["SessionLostError", "StoreClosedError", "StoreFailedError", "StoreFormatError",
+           "StoreLockedError"]
 
 
 class StoreLockedError(Exception):
@@ -17,3 +18,10 @@ class StoreFormatError(Exception):
 
 class StoreFailedError(Exception):
     """An earlier write failed; the store refuses more until a restart recovers it."""
+
+
+class SessionLostError(Exception):
+    """A fenced store (active/standby) lost the database session that held its claim.
+
+    Never healed by reconnecting: another node may be active by now.
+    """

@@ -24,6 +24,10 @@ Design, and why:
   flight (the broker's ``StoreWriter`` keeps it and retries, confirming
   nothing meanwhile); the retry connects again, takes the lock again, and
   writes.  A server that cannot get the lock back fails every batch.
+  Except when **fenced** (active/standby, ``mqserver.ha``): the store then
+  runs on a session that already holds the claim (``adopt``), and a lost
+  session is never replaced: every later batch fails and ``session_lost``
+  is called, because another node may hold the claim by now.
 - **Versioned schema**: ``schema/postgres-v1.sql`` creates version 1 and
   ``schema/postgres-vN-to-vM.sql`` files upgrade one step each, all in one
   transaction at open, as for SQLite; a database from a newer release is
@@ -48,11 +52,12 @@ from typing import Any
 import psycopg
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqserver.interfaces import IMessageStore
 from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue, share_recovered_values
-from mqserver.storage.errors import StoreClosedError, StoreLockedError
+from mqserver.storage.errors import SessionLostError, StoreClosedError, StoreLockedError
 from mqserver.storage.postgres_batch import (
     MESSAGE_COLUMNS,
     MESSAGE_TYPES,
@@ -121,6 +126,19 @@ class PostgresStore:
         self.commit_seconds = 0.0
         self.last_commit_seconds = 0.0
         self.last_batch_ops = 0
+        # fenced mode (mqserver.ha): the session handed to ``adopt``, used once
+        self.fenced = False
+        self._adopted: psycopg.Connection[Any] | None = None
+        self.session_lost: Any = None  # called once with a reason, on the reactor thread
+
+    def adopt(self, conn: psycopg.Connection[Any]) -> None:
+        """Run on ``conn``, a session that holds the claim already, and never on another.
+
+        Called before ``open``; from then on a lost session fails every
+        batch (``SessionLostError``) and calls ``session_lost`` once.
+        """
+        self.fenced = True
+        self._adopted = conn
 
     # -- reactor side -------------------------------------------------------
 
@@ -145,8 +163,15 @@ class PostgresStore:
             return fail()
         self.last_batch_ops = len(ops)
         d = self._thread.run(self._apply_thd, batch)
-        d.addCallback(self._committed)
+        d.addCallbacks(self._committed, self._apply_failed)
         return d
+
+    def _apply_failed(self, failure: Failure) -> Failure:
+        # in fenced mode a dropped session is never replaced (see adopt)
+        if self.fenced and self._conn is None and self.session_lost is not None:
+            lost, self.session_lost = self.session_lost, None
+            lost(f"the store's database session is gone: {failure.getErrorMessage()}")
+        return failure
 
     def _committed(self, _: None) -> None:
         self.transactions += 1
@@ -172,6 +197,12 @@ class PostgresStore:
 
     def _connect_thd(self) -> psycopg.Connection[Any]:
         """A new session holding the store's lock."""
+        if self.fenced:
+            conn, self._adopted = self._adopted, None
+            if conn is None or conn.closed or conn.broken:
+                raise SessionLostError("the database session holding the claim is gone; "
+                                       "this node is no longer active")
+            return conn
         params = dict(DEFAULT_PARAMS)
         params.update(psycopg.conninfo.conninfo_to_dict(self.dsn))
         conn = psycopg.connect(**params, autocommit=True)

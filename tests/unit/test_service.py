@@ -208,3 +208,27 @@ def test_stop_with_a_failing_store_still_closes_everything():
     store.pending[1].errback(OSError(28, "No space left on device"))
     assert stopped.called and log == ["closed: the server is shutting down", "store closed"]
     assert broker.writer.failing and not reactor.getDelayedCalls()
+
+
+def test_abandon_stores_nothing_more_and_closes_everything_at_once():
+    """An active that lost its claim (mqserver.ha): no flush, no retry, no confirm."""
+    log: list[str] = []
+    reactor = MemoryReactorClock()
+    store = DurableStore(log)
+    broker = Broker(store, reactor)
+    service = BrokerService(broker)
+    Listening(log).setServiceParent(service)
+    service.startService()
+    client = Client(broker, reactor, log)
+    broker.consume(client.connection, b"c", b"q")
+    broker.publish_to_queue(b"q", b"m1", b"body")
+    confirms: list[object] = []
+    broker.durable().addBoth(confirms.append)
+    reactor.advance(0)
+    store.pending[0].errback(ConnectionError("session gone"))  # the batch in flight fails
+    done = service.abandon("no longer active")
+    assert log == ["stopped accepting", "closed: no longer active"]
+    reactor.advance(0.05)  # the connection goes; its requeue stores nothing
+    assert done.called and log[-1] == "store closed"
+    assert len(store.pending) == 1 and not reactor.getDelayedCalls()
+    assert len(confirms) == 1 and confirms[0].check(ConnectionError)

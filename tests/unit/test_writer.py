@@ -175,3 +175,17 @@ def test_glued_ops_stay_glued_when_their_batch_fails_and_is_sent_again():
     store.pending[1].callback(None)
     store.pending[2].callback(None)
     assert store.batches[2] == [("c",)] and not writer._glued
+
+
+def test_a_stopped_writer_sends_no_batch_and_schedules_no_retry():
+    clock, store = Clock(), Flaky()
+    writer = StoreWriter(store, clock)
+    store.broken = True
+    writer.add((1,))
+    clock.advance(0)
+    writer.add((2,))
+    writer.stop()  # also while a flush is scheduled
+    clock.advance(60)
+    writer.add((3,))
+    clock.advance(60)
+    assert len(store.batches) == 1 and not clock.getDelayedCalls()

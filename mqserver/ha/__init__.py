@@ -1,0 +1,1 @@
+"""Active/standby failover on a shared PostgreSQL database (``--ha``; docs/ha.md)."""
