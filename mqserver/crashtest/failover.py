@@ -35,11 +35,37 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mqserver.crashtest import http
 from mqserver.crashtest.harness import CrashTest, CycleReport
 from mqserver.crashtest.server import LISTENING, Lines, ServerProcess
 from mqserver.pgtesting import free_port
 
 PROBE_EVENT = b"failover.probe"
+BACKLOG_QUEUE, BACKLOG_EVENT = "backlog", b"backlog.ev"
+
+
+def load_backlog(ports: dict[str, int], count: int, chunk: int = 5000) -> None:
+    """``count`` confirmed 100-byte messages in a queue nobody consumes: what a takeover
+    must recover before it serves (pipelined ``publish --confirm``, ``chunk`` in flight)."""
+    http.Client(ports["http"]).call("PUT", f"/api/queues/{BACKLOG_QUEUE}",
+                                    {"bindings": [BACKLOG_EVENT.decode()]})
+    lines = Lines(ports["mqks"])
+    body = b"b" * 100
+    sent = confirmed = 0
+    try:
+        while confirmed < count:
+            if sent < count and sent - confirmed < 2 * chunk:
+                n = min(chunk, count - sent)
+                lines.send(b"".join(b"k publish --confirm %s %s\n" % (BACKLOG_EVENT, body)
+                                    for _ in range(n)))
+                sent += n
+                continue
+            got = lines.lines(30.0)
+            if not got:
+                raise ConnectionError(f"backlog: {confirmed} of {count} confirmed, then silence")
+            confirmed += sum(line.startswith(b"k ok ") for line in got)
+    finally:
+        lines.close()
 
 
 class Node:
@@ -153,12 +179,14 @@ class FailoverTest:
     """Runs failover cycles against one database (see the module docstring)."""
 
     def __init__(self, dsn: str, workdir: Path, seed: int = 0, how: str = "kill",
-                 ha_args: tuple[str, ...] = (), timeout: float = 60.0) -> None:
+                 ha_args: tuple[str, ...] = (), timeout: float = 60.0, backlog: int = 0
+                 ) -> None:
         self.crash = CrashTest(["--storage=postgres", f"--postgres-dsn={dsn}", *ha_args],
                                workdir, seed=seed)
         self.workdir = workdir
         self.how = how
         self.timeout = timeout
+        self.backlog = backlog
         self.nodes: list[Node] = []
         self.takeovers: list[Takeover] = []
         self.watch: HealthWatch | None = None
@@ -232,7 +260,9 @@ class FailoverTest:
         try:
             self._node()
             first = time.monotonic() + self.timeout
-            self.wait_active(first)
+            _, ports = self.wait_active(first)
+            if self.backlog:
+                load_backlog(ports, self.backlog)
             self._node()
             self.watch = HealthWatch(self.nodes)
             for cycle in range(cycles + 1):
