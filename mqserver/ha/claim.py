@@ -44,12 +44,11 @@ from twisted.internet.defer import Deferred
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
-from mqserver.storage.postgres import DEFAULT_PARAMS
+from mqserver.storage.postgres import DEFAULT_PARAMS, LOCK_KEY
 from mqserver.storage.worker import StoreThread
 
 log = Logger()
 
-_LOCK_KEY = "SELECT hashtextextended('mqserver:' || current_schema(), 0)"
 _TRY_LOCK = "SELECT pg_try_advisory_lock(%s)"
 _CREATE_LEASE = (
     "CREATE TABLE IF NOT EXISTS mqserver_lease ("
@@ -162,7 +161,7 @@ def connect(dsn: str, settings: HASettings) -> psycopg.Connection[Any]:
 
 
 def lock_key(conn: psycopg.Connection[Any]) -> int:
-    return int(conn.execute(_LOCK_KEY).fetchone()[0])  # type: ignore[index]
+    return int(conn.execute(LOCK_KEY).fetchone()[0])  # type: ignore[index]
 
 
 def active_node(conn: psycopg.Connection[Any]) -> dict[str, Any] | None:

@@ -91,7 +91,7 @@ _COPY_OUT = (
 )
 # the store's claim: one lock per database and schema, so that servers in
 # different schemas of one database do not exclude each other
-_LOCK_KEY = "SELECT hashtextextended('mqserver:' || current_schema(), 0)"
+LOCK_KEY = "SELECT hashtextextended('mqserver:' || current_schema(), 0)"
 _LOCK = "SELECT pg_advisory_lock(%s)"
 # libpq parameters a DSN may override.  The keepalives and the TCP user
 # timeout bound how long a batch can hang on a database host that vanished
@@ -207,7 +207,7 @@ class PostgresStore:
         params.update(psycopg.conninfo.conninfo_to_dict(self.dsn))
         conn = psycopg.connect(**params, autocommit=True)
         try:
-            key = conn.execute(_LOCK_KEY).fetchone()[0]  # type: ignore[index]
+            key = conn.execute(LOCK_KEY).fetchone()[0]  # type: ignore[index]
             # a session that just went away (our own previous run, closed or
             # killed) may hold it for a few more milliseconds: wait, bounded
             conn.execute("SELECT set_config('lock_timeout', %s, false)",
