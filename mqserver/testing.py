@@ -333,6 +333,22 @@ class StoreContract:
         yield store.close()
 
     @pytest_twisted.inlineCallbacks
+    def test_recovers_exactly_what_the_broker_held(self, tmp_path: Path) -> Any:
+        """The durability invariant under arbitrary broker work (docs/storage.md).
+
+        ``mqserver.durability_machine`` drives a real broker over stores made
+        by ``make_store``: at each restart and at the end a fresh store on the
+        same files must recover exactly the broker's state, and the first k
+        batches alone the state batch k was made in.  Examples per store:
+        ``MQSERVER_DURABILITY_EXAMPLES``.
+        """
+        from mqserver.durability_machine import verify_store
+
+        if not self.make_store(self.path).durable:
+            pytest.skip("a store that is not durable is sent no ops")
+        yield verify_store(self.make_store, tmp_path / "durability")
+
+    @pytest_twisted.inlineCallbacks
     def test_apply_after_close_fails(self) -> Any:
         store = self.make_store(self.path)
         yield store.open()

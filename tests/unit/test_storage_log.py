@@ -38,6 +38,13 @@ class TestLogStoreTinySegmentsAlways(StoreContract):
         return LogStore(path, fsync="always", segment_bytes=2048, slice_bytes=512)
 
 
+class TestLogStoreNeverFsync(StoreContract):
+    """``--fsync=never`` (the default ``interval:50`` is ``TestLogStore``, ``always`` above)."""
+
+    def make_store(self, path: Path) -> LogStore:
+        return LogStore(path, fsync="never")
+
+
 @pytest.fixture
 def logged() -> Iterator[list[str]]:
     lines: list[str] = []

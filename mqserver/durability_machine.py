@@ -1,0 +1,448 @@
+# -*- test-case-name: tests.unit.test_durability -*-
+"""The durability invariant, tested: a hypothesis state machine drives a real
+``Broker`` on a ``task.Clock`` over a real durable store.
+
+Its rules are every state change the broker offers (publishing singles and
+runs, consuming, dispatch, each way to settle, TTL expiry, purge, deletes,
+bindings and options, connections going away, records), flushes of the
+writer's batches between them, and restarts.  At each restart and at the end
+of an example a fresh store opened on the same files must recover exactly
+``broker_state`` (see ``mqserver.durability``); at the end the batches are
+also replayed into new stores, cut after batch k, and must recover the state
+batch k was made in.
+
+The store runs its real threads and the real reactor; hypothesis runs in a
+thread of its own, and every rule runs on the reactor thread (``on_reactor``)
+and waits there for the Deferreds it needs, so the broker and the store are
+only ever touched from the reactor thread, as in the server.
+``verify_store`` is the entry point ``mqserver.testing.StoreContract`` uses.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sys
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.task import Clock
+from twisted.internet.threads import blockingCallFromThread, deferToThread
+
+from mqserver.broker.core import KEEP, MAX_RETRIES, Broker
+from mqserver.broker.overflow import QueueFullError
+from mqserver.broker.queue import Slots
+from mqserver.broker.ready import CHUNK
+from mqserver.durability import (
+    Batch,
+    RecordingStore,
+    broker_state,
+    check_recovered,
+    replay,
+)
+from mqserver.interfaces import IMessageStore
+from mqserver.model import QueueOptions, Recovered
+from mqserver.testing import RecordingSink
+
+EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
+"""Environment variable: examples per store (``DEFAULT_EXAMPLES`` without it)."""
+DEFAULT_EXAMPLES = 50
+STEPS = 40
+"""Rules per example, at most."""
+PACK_READY_AFTER = 3
+"""``--pack-ready-after`` of the machine's broker: small, so ready queues pack."""
+SETTLE = ("ack", "ack_any", "ack_run", "ack_all", "reject", "reject", "reject_all", "dead_letter")
+"""The ways to settle a delivery (``DurabilityMachine.settle``)."""
+CRASH_SAMPLE = 3
+"""Crash points checked at the end besides the last batch and those the machine chose."""
+
+# q0 is the queue the first consumer takes; dlq is where dead letters go
+queue_names = st.sampled_from([b"q0", b"q0", b"q1", b"dlq"])
+events = st.sampled_from([b"e.a", b"e.b", b"x"])
+bindings = st.lists(st.sampled_from([b"e.a", b"e.b", b"x", b"e.*", b"*.b"]), max_size=3)
+masks = st.lists(st.sampled_from([b"e.*", b"*.b", b"*"]), max_size=2)
+entries = st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.binary(max_size=5)),
+                   min_size=1, max_size=4)
+headers = st.one_of(
+    st.none(), st.just({}),
+    st.fixed_dictionaries({MAX_RETRIES: st.sampled_from(["0", "0", "1"])}),
+    st.fixed_dictionaries({"k": st.text(max_size=3)}, optional={MAX_RETRIES: st.just("1")}),
+)
+ttls = st.sampled_from([None, 0, 1.0, 4.0, 30.0])
+sources = st.sampled_from([None, "mqks", "phpmq"])
+queue_options = st.builds(
+    QueueOptions,
+    delete_when_unused=st.sampled_from([None, None, 0.0, 5.0]),
+    delete_when_unused_bare=st.booleans(),
+    dead_letter=st.sampled_from([None, b"dlq", b"q0"]),
+    max_length=st.sampled_from([None, None, 1, 3]),
+    default_ttl=st.sampled_from([None, None, 2.0, 20.0]),
+    overflow=st.sampled_from([None, "drop-head", "reject-publish"]),
+)
+picks = st.integers(min_value=0, max_value=7)
+
+
+turn_ends = st.booleans()
+
+
+def on_reactor(function: Callable[..., Any]) -> Callable[..., Any]:
+    """Run ``function`` on the reactor thread, waiting for the Deferred it may return."""
+
+    @functools.wraps(function)
+    def run(self: DurabilityMachine, **kwargs: Any) -> Any:
+        return blockingCallFromThread(self.reactor, function, self, **kwargs)
+
+    return run
+
+
+def step(**strategies: Any) -> Callable[[Callable[..., Any]], Any]:
+    """A rule that is one received chunk of some client: the broker's work, then the
+    dispatch a protocol runs at a chunk's end (``pump_now``), then, if hypothesis
+    drew ``flush``, the end of the reactor turn: the writer hands its batch over
+    and the rule waits until it is durable.
+
+    Waiting keeps batch boundaries where the rules put them, not where the
+    store's thread happened to be, so a failing example replays the same way.
+    """
+
+    def decorate(function: Callable[..., Any]) -> Any:
+        @inlineCallbacks
+        def body(self: DurabilityMachine, flush: bool, kwargs: dict[str, Any]) -> Any:
+            yield function(self, **kwargs)
+            self.broker.pump_now()
+            if flush:
+                yield self._settle()
+
+        @functools.wraps(function)
+        def run(self: DurabilityMachine, flush: bool, **kwargs: Any) -> None:
+            blockingCallFromThread(self.reactor, body, self, flush, kwargs)
+
+        return rule(flush=turn_ends, **strategies)(run)
+
+    return decorate
+
+
+def _pick(items: list[Any], pick: int) -> Any:
+    return items[pick % len(items)] if items else None
+
+
+class DurabilityMachine(RuleBasedStateMachine):
+    """One example: a broker and its store in a directory of their own.
+
+    ``verify_store`` makes a subclass that sets ``make_store``, ``directory``
+    and ``reactor``.
+    """
+
+    make_store: Callable[[Path], IMessageStore]
+    directory: Path
+    reactor: Any
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.path = Path(tempfile.mkdtemp(dir=self.directory)) / "store"
+        self.batches: list[Batch] = []
+        self.crash_points: set[int] = set()
+        self.bursts = 0
+        blockingCallFromThread(self.reactor, self._open, 1_000_000.0)
+
+    # -- a broker's life ----------------------------------------------------
+
+    @inlineCallbacks
+    def _open(self, now: float) -> Any:
+        """A store on ``self.path`` and a broker loaded from it; the state recovered."""
+        store = RecordingStore(self.make_store(self.path), self.batches)
+        recovered: Recovered = yield store.open()
+        # a clock per broker: a stopped broker's timers must never run
+        self.clock = Clock()
+        self.clock.advance(now)
+        self.broker = Broker(store, self.clock)
+        self.broker.pack_ready_after = PACK_READY_AFTER
+        store.broker = self.broker
+        self.broker.load(recovered)
+        self.store = store
+        self.connections: list[Any] = []
+        self.slots: dict[int, Slots] = {}
+        return recovered
+
+    def consumers(self) -> list[Any]:
+        return [consumer for connection in self.connections
+                for consumer in connection.consumers.values()]
+
+    def _due(self) -> bool:
+        now = self.clock.seconds()
+        return any(call.getTime() <= now for call in self.clock.getDelayedCalls())
+
+    @inlineCallbacks
+    def _settle(self) -> Any:
+        """Run what is due now (dispatch, the writer's flush) until every op is durable."""
+        while True:
+            self.clock.advance(0)
+            yield self.broker.durable()
+            if not self.broker.writer.ops and not self._due():
+                return
+
+    @inlineCallbacks
+    def _reopen(self, when: str) -> Any:
+        """Make everything durable, close the store, and check a fresh one on its files."""
+        yield self._settle()
+        expected, next_seq = broker_state(self.broker), self.broker._seq
+        yield self.store.close()
+        store = self.make_store(self.path)
+        recovered = yield store.open()
+        try:
+            check_recovered(recovered, expected, next_seq, when)
+        finally:
+            yield store.close()
+        return expected
+
+    # -- publishing ---------------------------------------------------------
+
+    @step(event=events, entries=entries, headers=headers, ttl=ttls, source=sources)
+    def publish_event(self, event: bytes, entries: list[tuple[bytes, bytes]],
+                      headers: dict[str, str] | None, ttl: float | None,
+                      source: str | None) -> None:
+        with contextlib.suppress(QueueFullError):  # a full reject-publish queue refused it
+            if len(entries) == 1:
+                self.broker.publish_event(event, *entries[0], headers, ttl, source)
+            else:
+                self.broker.publish_event_run(event, entries, headers, ttl, source)
+
+    @step(name=queue_names, entries=entries, headers=headers, ttl=ttls, source=sources)
+    def publish_to_queue(self, name: bytes, entries: list[tuple[bytes, bytes]],
+                         headers: dict[str, str] | None, ttl: float | None,
+                         source: str | None) -> None:
+        with contextlib.suppress(QueueFullError):
+            if len(entries) == 1:
+                self.broker.publish_to_queue(name, *entries[0], headers, ttl, source)
+            else:
+                self.broker.publish_to_queue_run(name, entries, headers, ttl, source)
+
+    @precondition(lambda self: self.bursts < 1)
+    @step(name=queue_names, ttl=ttls)
+    def burst(self, name: bytes, ttl: float | None) -> None:
+        """More than a chunk into one queue: a packed queue packs its tail into chunks."""
+        self.bursts += 1
+        run = [(b"p%d" % n, b"%d" % n) for n in range(CHUNK + 2)]
+        with contextlib.suppress(QueueFullError):
+            self.broker.publish_to_queue_run(name, run, None, ttl, "mqks")
+
+    # -- queues, bindings, records ------------------------------------------
+
+    @step(name=queue_names, replace=st.none() | bindings, remove=bindings, remove_masks=masks,
+          add=bindings, options=st.just(KEEP) | queue_options)
+    def reconfigure(self, name: bytes, replace: list[bytes] | None, remove: list[bytes],
+                    remove_masks: list[bytes], add: list[bytes], options: Any) -> None:
+        self.broker.reconfigure(name, replace, remove, remove_masks, add, options)
+
+    @step(name=queue_names, whole=st.booleans())
+    def drop(self, name: bytes, whole: bool) -> None:
+        """Purge a queue's ready messages, or delete the queue (``whole``) with its
+        bindings, consumers and their deliveries."""
+        if whole:
+            self.broker.delete_queue(name)
+        else:
+            self.broker.purge(name)
+
+    @step(namespace=st.sampled_from([b"schedules", b"other"]),
+          key=st.sampled_from([b"k1", b"k2"]), value=st.none() | st.binary(max_size=4))
+    def record(self, namespace: bytes, key: bytes, value: bytes | None) -> None:
+        """Keep a record (an eMQP schedule), or delete one (None)."""
+        if value is None:
+            self.broker.delete_record(namespace, key)
+        else:
+            self.broker.put_record(namespace, key, value)
+
+    # -- connections and consumers ------------------------------------------
+
+    @initialize(window=st.sampled_from([None, 2]))
+    @on_reactor
+    def first_consumer(self, window: int | None) -> None:
+        """A consumer on q0, bound to e.a, from the start: most rules need one."""
+        self.broker.reconfigure(b"q0", add=[b"e.a"])
+        self.broker.consume(self._connect(False), b"c0", b"q0", window)
+
+    def _connect(self, settled_on_send: bool) -> Any:
+        sink = RecordingSink(settled_on_send=settled_on_send)
+        connection = self.broker.connection_opened("test", "peer", sink)
+        self.connections.append(connection)
+        self.slots[connection.id] = Slots()
+        return connection
+
+    @step(pick=picks, new=st.booleans(), settled_on_send=st.booleans(),
+          consumer_id=st.sampled_from([b"c0", b"c1"]), name=queue_names,
+          window=st.sampled_from([None, 1, 2]), manual_ack=st.booleans(),
+          priority=st.sampled_from([0, 0, 1]), shared=st.booleans())
+    def consume(self, pick: int, new: bool, settled_on_send: bool, consumer_id: bytes,
+                name: bytes, window: int | None, manual_ack: bool, priority: int,
+                shared: bool) -> None:
+        """Start (or replace) a consumer, on a new connection if ``new`` (or there is none).
+
+        ``settled_on_send``: the connection's deliveries need no ack (eMQP
+        untracked requests); ``shared``: its consumers share credit (an eMQP
+        worker); a priority makes the queue dispatch by priority.
+        """
+        if new or not self.connections:
+            connection = self._connect(settled_on_send)
+        else:
+            connection = _pick(self.connections, pick)
+        self.broker.consume(connection, consumer_id, name, window, manual_ack, priority,
+                            self.slots[connection.id] if shared else None)
+
+    @precondition(lambda self: self.consumers())
+    @step(pick=picks, window=st.sampled_from([None, 1, 3]), slots=st.integers(0, 2))
+    def credit(self, pick: int, window: int | None, slots: int) -> None:
+        """A consumer's window changes; its connection's shared credit grows (eMQP READY)."""
+        consumer = _pick(self.consumers(), pick)
+        self.broker.set_window(consumer, window)
+        if slots:
+            self.broker.add_slots(self.slots[consumer.connection.id], slots)
+
+    @precondition(lambda self: self.connections)
+    @step(pick=picks, how=st.sampled_from(["requeue", "drop", "connection_closed"]))
+    def leave(self, pick: int, how: str) -> None:
+        """A consumer is cancelled, its deliveries requeued or dropped, or a whole
+        connection goes away (its consumers' deliveries go back)."""
+        connection = _pick(self.connections, pick)
+        consumer = _pick(list(connection.consumers.values()), pick)
+        if how == "connection_closed" or consumer is None:
+            self.connections.remove(connection)
+            self.broker.connection_closed(connection)
+        else:
+            self.broker.cancel(consumer, how == "requeue")
+
+    # -- settling -----------------------------------------------------------
+
+    def holding(self) -> list[Any]:
+        """The consumers holding deliveries."""
+        return [consumer for consumer in self.consumers() if consumer.unacked]
+
+    @precondition(lambda self: self.holding())
+    @step(how=st.sampled_from(SETTLE), pick=picks, which=st.lists(picks, min_size=1, max_size=3),
+          ttl=st.sampled_from([KEEP, KEEP, None, 0, 1.0, 10.0]))
+    def settle(self, how: str, pick: int, which: list[int], ttl: Any) -> None:
+        """Settle deliveries of a consumer that holds some, each way the broker offers.
+
+        ``reject`` puts it back at the tail with a retry more (and maybe a new
+        TTL) or, its ``x-max-retries`` spent, dead-letters it; ``ack_run``
+        gets the picked ids (repeats included) and one never held.
+        """
+        consumer = _pick(self.holding(), pick)
+        held = list(consumer.unacked)
+        message_id = _pick(held, which[0])
+        broker = self.broker
+        if how == "ack":
+            broker.ack(consumer, message_id)
+        elif how == "ack_any":
+            broker.ack_any(consumer.queue.name, message_id)
+        elif how == "ack_run":
+            broker.ack_run(consumer, [_pick(held, n) for n in which] + [b"never held"])
+        elif how == "ack_all":
+            broker.ack_all(consumer)
+        elif how == "reject":
+            broker.reject(consumer, message_id, ttl)
+        elif how == "reject_all":
+            broker.reject_all(consumer)
+        else:
+            broker.dead_letter(consumer, message_id, b"rejected")
+
+    # -- time, restarts, crashes --------------------------------------------
+
+    @step(seconds=st.sampled_from([0.5, 1.5, 3.0, 6.0]), sweep=st.booleans())
+    def advance(self, seconds: float, sweep: bool) -> None:
+        """Time passes: TTLs run out, delete-when-unused timers fire; ``sweep``: the
+        TTL sweep runs (the service runs it every second; without it, expired
+        messages wait in the queue, where dispatch discards them)."""
+        self.clock.advance(seconds)
+        if sweep:
+            self.broker.expire_due()
+
+    @precondition(lambda self: self.batches)
+    @rule()
+    @on_reactor
+    def crash_here(self) -> None:
+        """At the end, replay the batches handed over so far into a new store, and no more."""
+        self.crash_points.add(len(self.batches))
+
+    @rule(window=st.sampled_from([None, 2]))
+    @on_reactor
+    @inlineCallbacks
+    def restart(self, window: int | None) -> Any:
+        """Stop and start again: in-flight messages come back ready, and a client
+        reconnects its consumer on q0."""
+        expected = yield self._reopen("after a restart")
+        yield self._open(self.clock.seconds())
+        loaded = broker_state(self.broker)
+        assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
+        self.broker.consume(self._connect(False), b"c0", b"q0", window)
+
+    @invariant()
+    @on_reactor
+    def ready_in_seq_order(self) -> None:
+        """Ready messages are in seq order and a seq names one message."""
+        seqs = []
+        for queue in self.broker.queues.values():
+            ready = [message.seq for message in queue.ready]
+            assert ready == sorted(ready), f"{queue.name!r} ready out of seq order: {ready}"
+            seqs += ready
+            seqs += [m.seq for consumer in queue.consumers for m in consumer.unacked.values()]
+        assert len(seqs) == len(set(seqs)), f"a seq held twice: {sorted(seqs)}"
+        assert not seqs or max(seqs) < self.broker._seq
+
+    def teardown(self) -> None:
+        if sys.exc_info()[0] is not None:  # a rule failed: only clean up
+            blockingCallFromThread(self.reactor, self.store.close)
+            return
+        blockingCallFromThread(self.reactor, self._final_check)
+
+    @inlineCallbacks
+    def _final_check(self) -> Any:
+        yield self._reopen("at the end")
+        count = len(self.batches)
+        if not count:
+            return
+        step = max(1, count // (CRASH_SAMPLE + 1))
+        points = {count, *range(step, count, step)[:CRASH_SAMPLE], *self.crash_points}
+        yield replay(self.make_store, self.path.parent / "replay", self.batches, points)
+
+
+def examples() -> int:
+    return int(os.environ.get(EXAMPLES_ENV) or DEFAULT_EXAMPLES)
+
+
+def verify_store(make_store: Callable[[Path], IMessageStore], directory: Path,
+                 max_examples: int | None = None) -> Deferred[None]:
+    """Run the machine against stores ``make_store`` makes, each example in a new
+    directory under ``directory``; fires when done, fails with hypothesis's report.
+
+    Call it on the reactor thread with the reactor running (pytest-twisted).
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    machine = type("DurabilityMachine", (DurabilityMachine,), {
+        "make_store": staticmethod(make_store), "directory": directory,
+        "reactor": _reactor(),
+    })
+    options = settings(
+        max_examples=max_examples or examples(), stateful_step_count=STEPS, deadline=None,
+        suppress_health_check=list(HealthCheck), database=None, print_blob=True,
+    )
+    return deferToThread(run_state_machine_as_test, machine, settings=options)
+
+
+def _reactor() -> Any:
+    from twisted.internet import reactor
+
+    return reactor
