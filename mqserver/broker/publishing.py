@@ -146,10 +146,10 @@ class Publishing:
             if journal is not None and expires_at is None and headers is None \
                     and not journal.bodies:
                 tag = queue.journal_tags.get(source) or self._journal_tag(queue, source)
-            plans.append((queue, queue.name, queue.ready, queue.limit, expires_at, tag))
+            plans.append((queue, queue.name, queue.limit, expires_at, tag))
         message: Any = None
         for message_id, body in entries:
-            for queue, name, ready, limit, expires_at, tag in plans:
+            for queue, name, limit, expires_at, tag in plans:
                 message = Message(
                     message_id, name, body, self._seq, event, headers, now, expires_at, 0, source
                 )
@@ -161,7 +161,8 @@ class Publishing:
                         journal.append((SLIM_PUBLISHED, now, name, message_id,
                                         journal.sources.get(source, source), len(body),
                                         expires_at, headers, journal.bodies and body))
-                ready.append(message)
+                # queue.ready read each time: pack_ready may swap it within a run
+                queue.ready.append(message)
                 if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
                     queue.pack_ready(self.pack_ready_after)
                 if expires_at is not None:
@@ -170,8 +171,8 @@ class Publishing:
                 if writer is not None:
                     writer.add((ENQUEUE, message))
                 queue.enqueued += 1
-                if limit is not None and len(ready) > limit:
-                    oldest = ready.popleft()
+                if limit is not None and len(queue.ready) > limit:
+                    oldest = queue.ready.popleft()
                     if oldest.expires_at is not None:
                         queue.ttl_ready -= 1
                     self._discard(queue, oldest, b"maxlen")

@@ -110,3 +110,20 @@ def test_a_run_shares_one_time_and_kicks_its_queue_once(broker, clock):
     assert len(clock.getDelayedCalls()) == 1  # one pump for the run
     clock.advance(0)
     assert [(m.id, m.created_at) for _, m in conn.sink.delivered] == [(b"a", 100), (b"b", 100)]
+
+
+@pytest.mark.parametrize("limit", [None, 3])
+def test_a_run_that_swaps_a_packed_queue_back_keeps_every_message(broker, limit):
+    """``pack_ready`` may swap a queue's ready messages to or from the packed form
+    in the middle of a run: the rest of the run must go to the new one (it went
+    to the emptied old one and was lost in memory, though stored; issue 17)."""
+    from mqserver.broker.ready import CHUNK, PackedReady
+
+    broker.pack_ready_after = 3
+    broker.declare_queue(b"q", QueueOptions(max_length=limit))
+    broker.publish_to_queue_run(b"q", [(b"p%d" % n, b"") for n in range(CHUNK + 2)])
+    assert isinstance(broker.queues[b"q"].ready, PackedReady)
+    broker.purge(b"q")
+    broker.publish_to_queue(b"q", b"a", b"1")
+    broker.publish_to_queue_run(b"q", [(b"b", b"2"), (b"c", b"3"), (b"d", b"4")])
+    assert [m.id for m in broker.queues[b"q"].ready] == [b"a", b"b", b"c", b"d"][-(limit or 4):]
