@@ -59,7 +59,7 @@ setup(
         # --storage=postgres: psycopg 3 with its binary wheel (libpq included)
         "postgres": ["psycopg[binary]>=3.1"],
         # the journal analytics pipeline (mqserver-analytics); ~500 MB of jars
-        "analytics": ["pyspark>=4.2,<5", "pyarrow", "matplotlib"],
+        "analytics": ["pyspark>=4.2,<5", "pyarrow"],
         "test": [
             "pytest>=8",
             "pytest-twisted>=1.14",

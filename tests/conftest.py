@@ -1,8 +1,11 @@
-"""Shared fixtures: a broker on a fake clock for unit tests, PostgreSQL servers."""
+"""Shared fixtures: a broker on a fake clock for unit tests, PostgreSQL servers,
+headless Chromium."""
 
 from __future__ import annotations
 
 import itertools
+import shutil
+import tempfile
 from collections.abc import Iterator
 
 import pytest
@@ -49,3 +52,32 @@ def postgres_dsn(postgres_cluster: PostgresCluster) -> str:
 
 
 _databases = itertools.count(1)
+
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
+                  "--no-first-run", "--disable-background-networking",
+                  "--disable-component-update", "--disable-sync", "--window-size=1400,900")
+
+
+@pytest.fixture
+def browser() -> Iterator:
+    """Debian's headless Chromium driven by selenium, with a profile of its own;
+    skips when selenium, chromium or chromedriver is missing."""
+    webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extras")
+    from selenium.webdriver.chrome.options import Options
+    from selenium.webdriver.chrome.service import Service
+
+    chromium, chromedriver = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or chromedriver is None:
+        pytest.skip("Debian's chromium and chromium-driver are not installed "
+                    "(apt-get install -y chromium chromium-driver; .ci/run does this)")
+    profile = tempfile.mkdtemp(prefix="mqserver-chromium-")
+    options = Options()
+    options.binary_location = chromium
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={profile}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=chromedriver), options=options)
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()
+    shutil.rmtree(profile, ignore_errors=True)

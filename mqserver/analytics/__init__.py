@@ -1,5 +1,5 @@
 """``mqserver-analytics``: PySpark reports over the broker's event journal.
 
-Needs the ``analytics`` extra (pyspark, pyarrow, matplotlib); the server never
+Needs the ``analytics`` extra (pyspark, pyarrow); the server never
 imports this package.  See docs/analytics.md.
 """

@@ -14,6 +14,9 @@ import time
 from typing import Any
 
 REPORT_HELP = "comma-separated report names (default: all)"
+HTML_REPORTS = ("balance", "consumers")
+"""Reports the HTML report shows in charts and its header, computed for ``--html``
+even when ``--reports`` leaves them out (then not written as Parquet)."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -55,7 +58,7 @@ def _rows(frame: Any) -> list[dict[str, Any]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from mqserver.analytics import export
+    from mqserver.analytics import export, figures
     from mqserver.analytics.load import load, parse_time
     from mqserver.analytics.reports import REPORTS
     from mqserver.analytics.session import build_session
@@ -73,13 +76,16 @@ def main(argv: list[str] | None = None) -> int:
         if journal.malformed:
             _progress(f"{journal.malformed} malformed journal lines skipped")
         results: dict[str, list[dict[str, Any]]] = {}
-        for name in args.names:
+        extra = [n for n in HTML_REPORTS if args.html and n not in args.names]
+        for name in [*args.names, *extra]:
             t0 = time.monotonic()
             frame = REPORTS[name](journal.events)
-            export.write_report(frame, os.path.join(args.out, name))
+            if name in args.names:
+                export.write_report(frame, os.path.join(args.out, name))
             if args.html or name == "balance":
                 results[name] = _rows(frame)
-            _progress(f"report {name} written in {time.monotonic() - t0:.1f} s")
+            _progress(f"report {name} {'written' if name in args.names else 'computed'} in "
+                      f"{time.monotonic() - t0:.1f} s")
         if "balance" in results:
             # the integrity check: on stdout and in summary.json too
             rows = results["balance"]
@@ -98,8 +104,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "summary.json"), "w", encoding="utf-8") as f:
             json.dump(summary, f, indent=2)
         if args.html:
-            export.write_html(os.path.join(args.out, "report.html"), summary, results)
-            _progress(f"HTML report: {os.path.join(args.out, 'report.html')}")
+            t0 = time.monotonic()
+            data = figures.collect(journal.events, summary, results)
+            export.write_html(os.path.join(args.out, "report.html"), data)
+            _progress(f"HTML report ({data.bucket_seconds} s buckets) in "
+                      f"{time.monotonic() - t0:.1f} s: {os.path.join(args.out, 'report.html')}")
         journal.raw.unpersist()
         _progress(f"done: {summary['records']} records in {summary['seconds']} s")
     finally:

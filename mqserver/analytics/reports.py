@@ -54,8 +54,9 @@ def throughput(events: Any) -> Any:
     )
 
 
-def latency(events: Any) -> Any:
-    """Per queue: publish -> first delivery and publish -> ack, count and percentiles."""
+def latency_samples(events: Any) -> Any:
+    """One row per first delivery (``publish_to_deliver``) and per ack
+    (``publish_to_ack``): queue, kind, ``latency_ms``."""
     fn = _f()
     first = events.where((fn.col("event") == DELIVERED) & (fn.col("delivery_count") == 1))
     first = first.select("queue", fn.lit("publish_to_deliver").alias("kind"),
@@ -63,7 +64,13 @@ def latency(events: Any) -> Any:
     acked = events.where(fn.col("event") == ACKED).select(
         "queue", fn.lit("publish_to_ack").alias("kind"),
         _ms("ts", "publish_ts").alias("latency_ms"))
-    return first.unionByName(acked).groupBy("queue", "kind").agg(
+    return first.unionByName(acked)
+
+
+def latency(events: Any) -> Any:
+    """Per queue: publish -> first delivery and publish -> ack, count and percentiles."""
+    fn = _f()
+    return latency_samples(events).groupBy("queue", "kind").agg(
         fn.count("*").alias("count"), *_percentiles("latency_ms"),
         fn.max("latency_ms").alias("max_ms"))
 

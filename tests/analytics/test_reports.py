@@ -306,7 +306,8 @@ def test_cli_writes_parquet_archive_and_html(spark, generated, tmp_path, capsys)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["malformed_lines"] == 2 and summary["archived_messages"] == 300
     page = (out / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 3 and "malformed_lines" in page
+    assert page.count("<svg class='plot'") == 7 and "2 malformed lines skipped" in page
+    assert "<img" not in page and "http" not in page.replace("http://www.w3.org/2000/svg", "")
     assert "2 malformed journal lines skipped" in capsys.readouterr().err
     assert spark.sparkContext._jsc is not None  # the test's session was not stopped
 
@@ -338,5 +339,5 @@ def test_cli_prints_the_balance_and_keeps_it_in_summary_and_html(spark, generate
     assert (summary["balanced"], summary["unbalanced_queues"]) == (False, ["q2"])
     assert [row["queue"] for row in summary["queues"]] == ["q1", "q2"]
     page = (out / "report.html").read_text()
-    assert "<h2 id='balance'>balance</h2>" in page
+    assert "<h2 id='balance'>Balance per queue</h2>" in page
     assert "balance: 1 of 2 queues do not balance: q2" in page

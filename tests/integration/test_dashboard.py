@@ -1,7 +1,8 @@
 """The dashboard in a real browser: Debian's headless Chromium driven by selenium.
 
-A publisher thread feeds a queue over the HTTP API while the page is open;
-the test waits for the queue's row and for its depth to change, then saves
+A publisher thread feeds a queue over the HTTP API while the page is open
+(the ``browser`` fixture of tests/conftest.py); the test waits for the
+queue's row and for its depth to change, then saves
 a screenshot to tests/artifacts/dashboard.png (kept out of git).  The operator test
 drives the queue detail view (peek with the read token, a move that asks for
 the token, publish, purge) and saves a screenshot of each step beside it.
@@ -10,30 +11,14 @@ the token, publish, purge) and saves a screenshot of each step beside it.
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
 import threading
 import time
 import urllib.request
 from pathlib import Path
 
-import pytest
-
 LISTEN = "tcp:0:interface=127.0.0.1"
 TOKEN = "dashboard-token"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
-CHROMIUM = shutil.which("chromium")
-CHROMEDRIVER = shutil.which("chromedriver")
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--window-size=1400,900")
-
-webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is in the test extras")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or CHROMEDRIVER is None,
-    reason="Debian's chromium and chromium-driver are not installed "
-           "(apt-get install -y chromium chromium-driver; .ci/run does this)",
-)
 
 
 def call(base: str, method: str, path: str, body: dict | None = None) -> dict:
@@ -60,23 +45,6 @@ class Publisher(threading.Thread):
             call(self.base, "POST", f"/api/queues/{self.queue}/messages", {"body": "tick"})
             self.sent += 1
             self.stopped.wait(0.05)
-
-
-@pytest.fixture
-def browser():
-    from selenium.webdriver.chrome.options import Options
-    from selenium.webdriver.chrome.service import Service
-
-    profile = tempfile.mkdtemp(prefix="mqserver-chromium-")
-    options = Options()
-    options.binary_location = CHROMIUM
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
-    shutil.rmtree(profile, ignore_errors=True)
 
 
 def test_dashboard_shows_the_queue_and_its_changing_depth(start_server, tmp_path, browser,
