@@ -205,22 +205,21 @@ def _header(data: ReportData) -> str:
 
 
 def _balance(data: ReportData) -> str:
-    rows = data.results.get("balance")
+    rows = data.results["balance"]
     parts = ["<h2 id='balance'>Balance per queue</h2>",
              "<p>published = acked + dead-lettered + expired + moved + purged + deleted + "
              "still there (ready or in flight)</p>"]
-    if rows is None:
-        parts.append("<p class='empty'>The balance report was not run (--reports).</p>")
-    else:
-        parts.append(_table(rows, BALANCE_COLUMNS, bad="balanced"))
-        parts.append(f"<p>balance: {_esc(data.summary['balance']['verdict'])}</p>")
+    parts.append(_table(rows, BALANCE_COLUMNS, bad="balanced"))
+    parts.append(f"<p>balance: {_esc(data.summary['balance']['verdict'])}</p>")
     return "".join(parts)
 
 
-def _per_bucket(data: ReportData, event: str, queue: str | None = None) -> dict[int, int]:
+def _per_bucket(data: ReportData, event: str,
+                keep: Callable[[str], bool] = lambda queue: True) -> dict[int, int]:
+    """``event``'s count per bucket, over the queues ``keep`` accepts."""
     counts: dict[int, int] = defaultdict(int)
-    for bucket, q, e, n in data.timeline:
-        if e == event and (queue is None or q == queue):
+    for bucket, queue, e, n in data.timeline:
+        if e == event and keep(queue):
             counts[bucket] += n
     return counts
 
@@ -240,9 +239,9 @@ def _throughput(data: ReportData) -> str:
             published[queue] += n
     queues = _busiest(published)
     colors = _queue_colors(data)
-    series = [svg.Series(q, colors[q], _rates(data, _per_bucket(data, "published", q)))
+    series = [svg.Series(q, colors[q], _rates(data, _per_bucket(data, "published", q.__eq__)))
               for q in queues]
-    others = _others(data, "published", queues)
+    others = _per_bucket(data, "published", lambda queue: queue not in queues)
     if others:
         series.append(svg.Series(f"{len(published) - len(queues)} other queues", "#999",
                                  _rates(data, others)))
@@ -252,14 +251,6 @@ def _throughput(data: ReportData) -> str:
                              y_format=human.significant, tooltip=_time_tooltip(data, human.rate)),
                          [(s.label, s.color) for s in series]))
     return "".join(parts)
-
-
-def _others(data: ReportData, event: str, shown: list[str]) -> dict[int, int]:
-    counts: dict[int, int] = defaultdict(int)
-    for bucket, queue, e, n in data.timeline:
-        if e == event and queue not in shown:
-            counts[bucket] += n
-    return counts
 
 
 def _depth(data: ReportData) -> str:
@@ -332,7 +323,9 @@ def _consumers(data: ReportData) -> str:
             acks[f"{consumer} on {queue}"][bucket] += n
     shown = _busiest({c: sum(b.values()) for c, b in acks.items()})
     if shown:
-        series = [svg.Series(c, svg.color(i), _rates(data, acks[c])) for i, c in enumerate(shown)]
+        offset = len(_queue_colors(data))  # so that no consumer wears a queue's colour
+        series = [svg.Series(c, svg.color(offset + i), _rates(data, acks[c]))
+                  for i, c in enumerate(shown)]
         note = f"{human.step(data.bucket_seconds)} buckets"
         if len(acks) > len(shown):
             note += f"; the {SERIES} busiest of {len(acks)} consumers"

@@ -34,6 +34,8 @@ TICK_FACTORS = (1, 2, 2.5, 5, 10)
 """Steps between ticks: 1, 2, 2.5 or 5 times a power of ten."""
 TOP_FACTORS = (1, 1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 8, 10)
 """Tops of value axes, finer than the ticks so that the data fills most of the height."""
+NOTE_WIDTH = 170
+"""Room right of the longest bar for its note."""
 DOTS_UP_TO = 80
 """Points per series drawn as visible dots; more are hover targets on the line only."""
 
@@ -188,7 +190,7 @@ def bar_chart(title: str, bars: Sequence[Bar], *,
     row, label_width = 22, 260
     height = TOP + BOTTOM + row * max(len(bars), 1)
     total = max((sum(v for _, v, _ in bar.segments) for bar in bars), default=0)
-    x = Axis(0.0, nice_ceiling(total, TOP_FACTORS), label_width, WIDTH - RIGHT - 90)
+    x = Axis(0.0, nice_ceiling(total, TOP_FACTORS), label_width, WIDTH - RIGHT - NOTE_WIDTH)
     x.ticks = linear_ticks(0.0, x.hi, x_format)
     y = Axis(0.0, 1.0, height - BOTTOM, TOP)
     body = []
