@@ -30,6 +30,8 @@ CONFIGS = {
     "log-always": ["--storage=log", "--fsync=always"],
     "log-interval": ["--storage=log", "--fsync=interval:50"],
     "log-never": ["--storage=log", "--fsync=never"],
+    # 1 MiB segments: rolls and compaction (rewrites, deletes) under the kills
+    "log-small-segments": ["--storage=log", "--fsync=interval:50", "--log-segment-mb=1"],
     "postgres": ["--storage=postgres"],  # --postgres-dsn of a cluster started for the run
 }
 

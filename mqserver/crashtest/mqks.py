@@ -166,9 +166,9 @@ def drain(port: int, queues: list[str], must: set[tuple[str, str]],
 
     Returns how often each (queue, id) came, and the ids whose body differs.
     The server recovers before it listens, so deliveries flow at once; the
-    wait ends 0.3 s after the last one once ``must`` is complete, else after
-    three quiet seconds (expired messages reach their dead-letter queues with
-    the next TTL sweep).
+    wait ends 0.6 s after the last one once ``must`` is complete (long enough
+    for a TTL sweep, every 0.25 s, to move what expired just before the
+    consumers came), else after three quiet seconds.
     """
     client = Lines(port)
     client.send(b"".join(b"d%d consume --confirm %s --manual-ack\n" % (n, q.encode())
@@ -192,7 +192,7 @@ def drain(port: int, queues: list[str], must: set[tuple[str, str]],
             quiet_since = time.monotonic()
         else:
             quiet = time.monotonic() - quiet_since
-            if quiet > 3.0 or (quiet > 0.3 and must <= set(found)):
+            if quiet > 3.0 or (quiet > 0.6 and must <= set(found)):
                 break
     client.send(b"".join(b"a%d ack --confirm d%d --all\n" % (n, n) for n in range(len(queues))))
     waiting = {b"a%d ok " % n for n in range(len(queues))}
