@@ -11,7 +11,7 @@ ephemeral ports and:
 1. **checks and drains** what the previous cycle left: one MQKS manual-ack
    consumer per queue takes everything and acks it all;
 2. **loads** it with every settle path, through real clients over real
-   sockets (``http.QUEUES`` lists the queues):
+   sockets (``topology.QUEUES`` lists the queues and their options):
 
    - MQKS (``mqks.py``) publishes ``--confirm`` to ``q``, ``p`` and ``u``,
      and acks, rejects (``--confirm``) or holds what it takes from ``q``,

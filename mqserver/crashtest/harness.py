@@ -97,7 +97,8 @@ class CrashTest:
         http.Client(ports["http"]).declare()
         setup = mqks.Barrier(ports["mqks"], ledger)  # the options are durable before the load
         setup.lines.send(b"s publish --confirm %s x\n" % mqks.BARRIER_EVENT)
-        setup.lines.expect(b"s ok ")
+        if not setup.lines.expect(b"s ok "):
+            raise self._fail("the queues' set-up was not confirmed")
         prefix = f"c{cycle}"
         consumer = phpmq.Consumer(ports["phpmq"], ledger, random.Random(rng.random()))
         ezmq = emqp.Emqp(ports, ledger, random.Random(rng.random()), prefix + "e")

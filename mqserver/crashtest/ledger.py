@@ -134,11 +134,12 @@ class Ledger:
     def check(self, found: dict[tuple[str, str], int], started: float, ended: float,
               slack: float = 0.3) -> list[str]:
         """Every way the drain (``(queue, id) -> times delivered``) breaks the rules."""
-        problems: Counter[str] = Counter()
+        problems: dict[str, Counter[str]] = {}  # kind -> queue -> copies
         examples: dict[str, str] = {}
 
         def problem(kind: str, copy: Copy | tuple[str, str]) -> None:
-            problems[kind] += 1
+            queue = copy[0] if isinstance(copy, tuple) else copy.home
+            problems.setdefault(kind, Counter())[queue] += 1
             examples.setdefault(kind, f"{copy[1]} in {copy[0]}" if isinstance(copy, tuple)
                                 else f"{copy.mid} of {copy.home} (ops {_history(copy)})")
 
@@ -164,8 +165,9 @@ class Ledger:
                 problem("in a queue it was never published or dead-lettered to", key)
             elif times > 1:
                 problem("delivered twice by the drain", key)
-        return [f"{count} copies {kind}, e.g. {examples[kind]}"
-                for kind, count in sorted(problems.items())]
+        return [f"{sum(queues.values())} copies {kind} "
+                f"({', '.join(f'{q} {n}' for q, n in sorted(queues.items()))}), "
+                f"e.g. {examples[kind]}" for kind, queues in sorted(problems.items())]
 
 
 def _history(copy: Copy) -> str:
