@@ -86,6 +86,8 @@ _RENEW = (
     "AND l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 "
     "AND l.classid = %s AND l.objid = %s)"
 )
+# a clean stop: the next active need not wait for what is left of our lease
+_RELEASE = "UPDATE mqserver_lease SET deadline = clock_timestamp() WHERE id = 1 AND pid = %s"
 _ACTIVE_NODE = "SELECT node, http, pid, deadline > clock_timestamp() FROM mqserver_lease"
 # how long the previous holder's lease still runs, if it was another session's
 _PREVIOUS_LEASE = (
@@ -291,11 +293,22 @@ class Lease:
         self._thread.start()
         self._loop.start(self.settings.renew, now=False)
 
-    def stop(self) -> Deferred[None]:
+    def stop(self, release: bool = False) -> Deferred[None]:
+        """Stop renewing; ``release``: also end the lease now (a clean stop, the store closed)."""
         if self._loop.running:
             self._loop.stop()
         self._lost = _ignore
+        if release and self._thread.running:
+            self._thread.run(self._release_thd).addErrback(
+                lambda f: log.warn("could not release the lease: {e}", e=f.getErrorMessage()))
         return self._thread.stop_after(self._close_thd)
+
+    def _release_thd(self) -> None:
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            self._close_thd()
+            conn = self._conn = connect(self.dsn, self.settings)
+        conn.execute(_RELEASE, (self._writer_pid,))
 
     def _tick(self) -> None:
         s = self.settings

@@ -204,7 +204,7 @@ class HANode(MultiService):
             else:
                 yield active.stopService()
         if self.lease is not None:
-            yield self.lease.stop()
+            yield self.lease.stop(release=state == "active")
         yield self.claimant.close()
         yield super().stopService()
 

@@ -134,3 +134,21 @@ def test_fenced_store_never_reconnects_and_reports_the_loss(
     finally:
         yield store.close()
         yield claimant.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_released_lease_lets_the_next_active_serve_without_waiting(postgres_dsn: str) -> Any:
+    first = Claimant(postgres_dsn, HASettings("a", **FAST), reactor)
+    second = Claimant(postgres_dsn, HASettings("b", **FAST), reactor)
+    won = yield first.attempt()
+    lease = Lease(postgres_dsn, HASettings("a", **FAST), reactor, lambda reason: None)
+    lease.start(won.conn.info.backend_pid, won.key)
+    try:
+        won.conn.close()  # a clean stop closes the store first...
+        yield lease.stop(release=True)  # ...then ends the lease
+        taken = yield second.attempt()
+        assert taken is not None and taken.previous == "a" and taken.handover == 0.0
+        taken.conn.close()
+    finally:
+        yield first.close()
+        yield second.close()
