@@ -37,7 +37,7 @@ from typing import Any
 
 from mqserver.crashtest import http
 from mqserver.crashtest.harness import CrashTest, CycleReport
-from mqserver.crashtest.server import LISTENING, Lines, ServerProcess
+from mqserver.crashtest.server import LISTENERS, LISTENING, Lines, ServerProcess
 from mqserver.pgtesting import free_port
 
 PROBE_EVENT = b"failover.probe"
@@ -69,14 +69,30 @@ def load_backlog(ports: dict[str, int], count: int, chunk: int = 5000) -> None:
 
 
 class Node:
-    """One ``twistd mqserver --ha`` process: a fixed HTTP port, protocols on ephemeral ones."""
+    """One ``twistd mqserver --ha`` process: a fixed HTTP port, protocols on ephemeral ones.
 
-    def __init__(self, name: str, args: list[str], workdir: Path) -> None:
+    ``fixed``: the protocols too listen on ports chosen here (``fixed_ports``),
+    the same at every promotion, for clients that keep a list of addresses.
+    """
+
+    def __init__(self, name: str, args: list[str], workdir: Path, fixed: bool = False) -> None:
         self.name = name
         self.http = free_port()
+        self.fixed_ports: dict[str, int] = {}
+        listeners = LISTENERS
+        if fixed:
+            self.fixed_ports = {label: free_port() for label in
+                                ("mqks", "phpmq", "emqp", "emqp-backend", "emqp-admin")}
+            loopback = ":interface=127.0.0.1"
+            listeners = [option for option in LISTENERS if not option.startswith(
+                ("--protocol", "--emqp-"))] + [
+                f"--protocol={label}:tcp:{self.fixed_ports[label]}{loopback}"
+                for label in ("mqks", "phpmq", "emqp")] + [
+                f"--{label}=tcp:{self.fixed_ports[label]}{loopback}"
+                for label in ("emqp-backend", "emqp-admin")]
         self.server = ServerProcess(
             [*args, "--ha", f"--ha-node={name}", f"--http=tcp:{self.http}:interface=127.0.0.1"],
-            workdir, expected={"http"},
+            workdir, expected={"http"}, listeners=listeners,
         )
         self.stopped = False
 

@@ -34,12 +34,12 @@ class ServerProcess:
     """``twistd -n mqserver`` with every listener on loopback; its output kept for reports."""
 
     def __init__(self, args: list[str], workdir: Path, timeout: float = 30.0,
-                 expected: set[str] = EXPECTED) -> None:
+                 expected: set[str] = EXPECTED, listeners: list[str] = LISTENERS) -> None:
         twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
         self.output: list[str] = []
         self.ports: dict[str, int] = {}
         self.process = subprocess.Popen(
-            [twistd, "-n", "--pidfile=", "mqserver", "--no-gc-tuning", *LISTENERS, *args],
+            [twistd, "-n", "--pidfile=", "mqserver", "--no-gc-tuning", *listeners, *args],
             cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self._ready = threading.Event()
