@@ -4,7 +4,7 @@
 
 Its rules are every state change the broker offers (publishing singles and
 runs, consuming, dispatch, each way to settle, TTL expiry, purge, deletes,
-bindings and options, connections going away, records), flushes of the
+an operator's move, bindings and options, connections going away, records), flushes of the
 writer's batches between them, and restarts.  At each restart and at the end
 of an example a fresh store opened on the same files must recover exactly
 ``broker_state`` (see ``mqserver.durability``); at the end the batches are
@@ -44,6 +44,7 @@ from twisted.internet.task import Clock
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
 from mqserver.broker.core import KEEP, MAX_RETRIES, Broker
+from mqserver.broker.moving import MoveError
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Slots
 from mqserver.broker.ready import CHUNK
@@ -256,6 +257,14 @@ class DurabilityMachine(RuleBasedStateMachine):
             self.broker.delete_queue(name)
         else:
             self.broker.purge(name)
+
+    @step(name=queue_names, to=queue_names, limit=st.none() | st.integers(1, 3),
+          keep=st.booleans())
+    def move(self, name: bytes, to: bytes, limit: int | None, keep: bool) -> None:
+        """An operator moves ready messages (a dead-letter queue replayed, say); each
+        message's ENQUEUE and REMOVE share a batch (``mqserver.broker.moving``)."""
+        with contextlib.suppress(MoveError):  # an unknown queue, or one onto itself
+            self.broker.move(name, to, limit, keep)
 
     @step(namespace=st.sampled_from([b"schedules", b"other"]),
           key=st.sampled_from([b"k1", b"k2"]), value=st.none() | st.binary(max_size=4))
