@@ -61,7 +61,7 @@ KEPT_KINDS = frozenset((K_ENQUEUE, K_REQUEUE, K_DECLARE, K_BIND, K_PUT))
 """Kinds whose record can be the live copy of something (the rest are tombstones)."""
 
 # seq, created_at, expires_at, retry, flags, then six lengths:
-# queue, id, event, headers (JSON), source, body
+# queue, id, event, headers (JSON, ASCII-escaped), source, body
 _MSG = struct.Struct(">QddIBIIIIII")
 _HAS_EXPIRES, _HAS_EVENT, _HAS_HEADERS, _HAS_SOURCE = 1, 2, 4, 8
 _SEQ = struct.Struct(">Q")
@@ -179,7 +179,9 @@ def encode_message(kind: int, message: Message, old_seq: int = 0) -> bytes:
     headers = b""
     if message.headers is not None:
         flags |= _HAS_HEADERS
-        headers = json.dumps(message.headers, ensure_ascii=False, separators=(",", ":")).encode()
+        # ASCII-escaped JSON: a lone surrogate a client sent still encodes,
+        # and reads back as it was (a failed encode would stop the store)
+        headers = json.dumps(message.headers, separators=(",", ":")).encode()
     source = b""
     if message.source is not None:
         flags |= _HAS_SOURCE

@@ -112,9 +112,11 @@ def upgrade_steps(version: int) -> list[str]:
 
 def message_row(message: Message) -> tuple[Any, ...]:
     headers = message.headers
+    # ASCII-escaped JSON: a lone surrogate a client sent still encodes (as
+    # text sqlite3 would refuse it, and fail every later batch)
     return (
         message.seq, message.queue, message.id, message.body, message.event,
-        None if headers is None else json.dumps(headers, ensure_ascii=False),
+        None if headers is None else json.dumps(headers),
         message.created_at, message.expires_at, message.retry, message.source,
     )
 

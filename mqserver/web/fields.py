@@ -121,6 +121,14 @@ def headers(
         isinstance(k, str) and isinstance(v, str) for k, v in value.items()
     ):
         raise APIError(400, f"{key!r} must be an object of string values")
+    for name, text in value.items():
+        # JSON may spell a lone surrogate ("\ud800"), which no UTF-8 store
+        # can write: refused here, not failed in every later batch
+        if not (name + text).isascii():
+            try:
+                (name + text).encode("utf-8")
+            except UnicodeEncodeError:
+                raise APIError(400, f"{key!r}: {name!r} is not encodable as UTF-8") from None
     if limits is not None:
         limits.check_headers(len(value), f"fields in {key!r}", bad_request)
     return dict(value) or None

@@ -122,7 +122,7 @@ def test_message_payloads_are_the_documented_struct(message, old_seq):
     flags = ((expires is not None) | (event is not None) << 1 | (headers is not None) << 2
              | (source is not None) << 3)
     header_bytes = b"" if headers is None else records.json.dumps(
-        headers, ensure_ascii=False, separators=(",", ":")).encode()
+        headers, separators=(",", ":")).encode()
     source_bytes = b"" if source is None else source.encode()
     fields = (message.queue, message.id, event or b"", header_bytes, source_bytes, message.body)
     head = struct.pack(">QddIBIIIIII", message.seq, message.created_at, expires or 0.0,

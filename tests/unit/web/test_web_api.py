@@ -124,6 +124,8 @@ def test_peek_does_not_consume(web):
     ("POST", "/api/queues/q/messages", {"json": {"body": "x", "headers": {"a": 1}}}, 400,
      "'headers' must be an object of string values"),
     ("POST", "/api/queues/q/messages", {"json": {"body": "\ud800"}}, 400, "not encodable"),
+    ("POST", "/api/queues/q/messages", {"json": {"body": "x", "headers": {"k": "\udc80"}}},
+     400, "'headers': 'k' is not encodable as UTF-8"),
     ("POST", "/api/queues/q/messages", {"json": {"body": "x" * 2000}}, 413,
      "request body is larger than 1000 bytes"),
     ("PUT", "/api/queues/q", {"json": {"max_length": 0}}, 400, "'max_length' must be at least 1"),
