@@ -13,19 +13,30 @@ import socket
 import subprocess
 import time
 from pathlib import Path
+from typing import Protocol
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
+class Companion(Protocol):
+    """A process a server needs to work (the ``postgres`` setup's database):
+    its CPU is the server's too, and it stops after the server."""
+
+    def cpu_seconds(self) -> float: ...
+
+    def stop(self) -> None: ...
+
+
 class Server:
-    """A started child process with a log file and the ports it listens on."""
+    """A started child process with a log file, the ports it listens on, and its companions."""
 
     def __init__(self, name: str, argv: list[str], workdir: Path) -> None:
         self.name = name
         self.workdir = workdir
         self.log_path = workdir / f"{name}.log"
         self.ports: dict[str, int] = {}
+        self.companions: list[Companion] = []
         with open(self.log_path, "wb") as log:
             self.process = subprocess.Popen(argv, cwd=workdir, stdout=log,
                                             stderr=subprocess.STDOUT)
@@ -51,10 +62,9 @@ class Server:
             time.sleep(0.05)
 
     def cpu_seconds(self) -> float:
-        """User + system CPU of the process (all its threads) so far."""
-        with open(f"/proc/{self.pid}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
+        """User + system CPU of the process (all its threads) and its companions so far."""
+        own = cpu_ticks(stat_fields(self.pid)) / TICKS
+        return own + sum(companion.cpu_seconds() for companion in self.companions)
 
     def rss_bytes(self) -> int:
         """Resident set size now."""
@@ -62,7 +72,7 @@ class Server:
             return int(statm.read().split()[1]) * PAGE
 
     def stop(self) -> None:
-        """SIGTERM this PID, then SIGKILL if it has not exited in 10 s."""
+        """SIGTERM this PID, then SIGKILL if it has not exited in 10 s; then the companions."""
         if self.process.poll() is None:
             self.process.terminate()
             try:
@@ -70,6 +80,20 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        while self.companions:
+            self.companions.pop().stop()
+
+
+def stat_fields(pid: int | str) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (the state first)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        return stat.read().rsplit(")", 1)[1].split()
+
+
+def cpu_ticks(fields: list[str], children: bool = False) -> int:
+    """utime + stime from ``stat_fields``, in clock ticks; with ``children``
+    also cutime + cstime (the children that exited and were reaped)."""
+    return sum(int(f) for f in fields[11:15 if children else 13])
 
 
 def free_port() -> int:

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import mqserver
-from bench import workloads
-from bench.peers import PEERS, missing, start_peer, version
+from bench import database, peers, servers, workloads
+from bench.peers import PEERS, start_peer, version
 from bench.proc import Server
 from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
@@ -63,7 +63,8 @@ def start(name: str, workdir: Path) -> Server:
 def run(options: Options) -> dict[str, Any]:
     """Every selected workload over every selected system; the raw rounds and what was skipped."""
     systems = [s for s in all_systems(options.http_scale) if re.search(options.only, s.name)]
-    skipped = {s.name: reason for s in systems if s.peer and (reason := missing(s.server))}
+    skipped = {s.name: reason for s in systems
+               if (reason := (peers.missing if s.peer else servers.missing)(s.server))}
     systems = [s for s in systems if s.name not in skipped]
     rounds: list[dict[str, Any]] = []
     errors: list[dict[str, str]] = []
@@ -154,7 +155,8 @@ def meta(options: Options, elapsed: float) -> dict[str, Any]:
                    f"{platform.release()}",
         "python": platform.python_version(),
         "mqserver": mqserver.__version__,
-        "peers": {binary: version(binary) for binary in ("beanstalkd", "redis-server")},
+        "peers": {binary: version(binary) for binary in ("beanstalkd", "redis-server")}
+                 | {"postgres": database.version()},
         "options": {k: v for k, v in vars(options).items() if k != "verbose"},
         "elapsed_s": round(elapsed, 1),
     }

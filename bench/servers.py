@@ -1,8 +1,10 @@
 """mqserver under test: every protocol on ephemeral loopback ports, one storage setup.
 
 One server per storage setup (memory, memory with the journal, sqlite, log
-with ``interval:50`` and ``always``) serves MQKS, PHPMQ, eMQP and HTTP at
-once; the rounds of each protocol take turns on it.
+with ``interval:50`` and ``always``, postgres) serves MQKS, PHPMQ, eMQP and
+HTTP at once; the rounds of each protocol take turns on it.  ``postgres``
+gets a PostgreSQL cluster of its own (``bench.database``), started before
+the server and stopped after it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from bench import database
 from bench.proc import Server
 from mqserver.journal.sink import QUIET
 
@@ -27,7 +30,13 @@ STORAGES: dict[str, list[str]] = {
     "sqlite": ["--storage=sqlite", "--sqlite-sync=full"],
     "log-interval": ["--storage=log", "--fsync=interval:50"],
     "log-always": ["--storage=log", "--fsync=always"],
+    "postgres": ["--storage=postgres"],  # --postgres-dsn of its own cluster
 }
+
+
+def missing(storage: str) -> str | None:
+    """Why ``storage`` cannot run here (the ``postgres`` setup needs a server), or None."""
+    return database.missing() if storage == "postgres" else None
 
 
 def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
@@ -47,7 +56,17 @@ def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
             f"--data-dir={workdir}/data", *STORAGES[storage]]
     if storage.endswith("+journal"):
         argv.append(f"--journal={workdir}/journal")
-    server = Server(f"mqserver-{storage}", argv, workdir)
+    db = database.Database.start() if storage == "postgres" else None
+    try:
+        if db is not None:
+            argv.append(f"--postgres-dsn={db.dsn()}")
+        server = Server(f"mqserver-{storage}", argv, workdir)
+    except BaseException:
+        if db is not None:
+            db.stop()
+        raise
+    if db is not None:
+        server.companions.append(db)
     try:
         matches = server.wait_for_log(LISTENING, count=len(LABELS), timeout=timeout)
     except RuntimeError:

@@ -18,7 +18,7 @@ PROTOCOLS: dict[str, type[LoadClient]] = {
     "mqks": MQKSClient, "phpmq": PHPMQClient, "emqp": EMQPClient, "http": HTTPClient,
 }
 DURABLE = {"sqlite", "log-interval", "log-always", "beanstalkd-b", "beanstalkd-b-f0",
-           "redis-aof-everysec", "redis-aof-always"}
+           "redis-aof-everysec", "redis-aof-always", "postgres"}
 IN_MEMORY = {"memory", "beanstalkd", "redis"}
 EMQP_SCALE = 0.5
 PEER_SCALE = {"beanstalkd-b-f0": 0.02}

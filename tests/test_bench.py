@@ -1,8 +1,9 @@
 """The benchmark suite's quick mode, end to end, so it cannot rot.
 
-Real servers (every protocol on every storage setup) and the peers that are
-installed (beanstalkd, redis-server: ``make bench-setup``; a missing one is
-skipped by the bench, which says why).  No timing assertions: only that
+Real servers (every protocol on every storage setup, ``postgres`` on a
+PostgreSQL cluster the bench starts) and the peers that are installed
+(beanstalkd, redis-server: ``make bench-setup``; PostgreSQL: ``make
+postgres-setup``; a missing one is skipped by the bench, which says why).  No timing assertions: only that
 every workload produced positive figures and every message came back.
 """
 
@@ -16,14 +17,17 @@ from pathlib import Path
 
 import pytest
 
+from bench import database
+
 ROOT = Path(__file__).resolve().parent.parent
-STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always")
+STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always", "postgres")
+PROTOCOLS = ("mqks", "phpmq", "emqp", "http")
 PEERS = {"beanstalkd": "beanstalkd", "beanstalkd-b": "beanstalkd", "beanstalkd-b-f0": "beanstalkd",
          "redis": "redis-server", "redis-aof-everysec": "redis-server",
          "redis-aof-always": "redis-server"}
 #: workload -> the systems it runs (W1 also runs every protocol on every storage setup)
 EXPECTED = {
-    "w1": {f"{p}/{s}" for p in ("mqks", "phpmq", "emqp", "http") for s in STORAGES} | set(PEERS),
+    "w1": {f"{p}/{s}" for p in PROTOCOLS for s in STORAGES} | set(PEERS),
     "w2": {"mqks/memory", "phpmq/memory", "emqp/memory", "http/memory", "beanstalkd", "redis"},
     "paced": {"mqks/memory", "phpmq/memory", "emqp/memory", "beanstalkd", "redis"},
     "memory": {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"},
@@ -41,6 +45,8 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
     assert result["errors"] == []
 
     missing = {peer for peer, binary in PEERS.items() if shutil.which(binary) is None}
+    if database.missing():
+        missing |= {f"{p}/postgres" for p in PROTOCOLS}
     assert set(result["skipped"]) == missing
     assert all("not installed" in reason for reason in result["skipped"].values())
 
@@ -59,10 +65,13 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
         else:
             assert r["workload"] == "memory" and r["rss"] > r["rss_before"] > 0, r
 
-    assert len(result["targets"]) == 12
+    assert len(result["targets"]) == 13
     measured = {t["target"] for t in result["targets"] if t["met"] is not None}
     assert any("MQKS memory W1 total" in name for name in measured)
     assert "### Targets (same-run ratios)" in md.read_text()
+    if "mqks/postgres" not in missing:
+        assert "postgres W3 total ≥ 2x beanstalkd -b" in measured
+        assert "PostgreSQL" in result["meta"]["peers"]["postgres"]
     assert "Targets (same-run ratios)" in run.stdout
 
 
