@@ -264,7 +264,9 @@ class DurabilityMachine(RuleBasedStateMachine):
         """An operator moves ready messages (a dead-letter queue replayed, say); each
         message's ENQUEUE and REMOVE share a batch (``mqserver.broker.moving``)."""
         with contextlib.suppress(MoveError):  # an unknown queue, or one onto itself
-            self.broker.move(name, to, limit, keep)
+            moving = self.broker.move(name, to, limit, keep)
+            while not moving.called:  # more than a chunk: one per reactor turn
+                self.clock.advance(0)
 
     @step(namespace=st.sampled_from([b"schedules", b"other"]),
           key=st.sampled_from([b"k1", b"k2"]), value=st.none() | st.binary(max_size=4))

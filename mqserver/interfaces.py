@@ -246,10 +246,12 @@ class IBroker(Interface):
 
         Ids, bodies and headers are kept (``x-dead-letter-*`` only with
         ``keep_dead_letter_headers``), retries start again at 0.  Stops at the
-        target's max-length rather than drop anything.  Each message's store
-        ops share a batch, so a crash never leaves one in both queues or in
-        neither; ``durable()`` after it says when the move is on disk.
+        target's max-length rather than drop anything.  Moves a bounded chunk
+        per reactor turn.  Each message's store ops share a batch, so a crash
+        never leaves one in both queues or in neither; ``durable()`` after it
+        has fired says when the move is on disk.
 
-        :return: a ``mqserver.broker.moving.MoveResult``.
+        :return: a Deferred firing with a ``mqserver.broker.moving.MoveResult``
+            once the last message has moved.
         :raises mqserver.broker.moving.MoveError: a queue is unknown, or both are one.
         """

@@ -106,7 +106,7 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         return self.writer.wait() if self.writer is not None else succeed(None)
 
     def move(self, source: bytes, target: bytes, limit: int | None = None,
-             keep_dead_letter_headers: bool = False) -> MoveResult:
+             keep_dead_letter_headers: bool = False) -> Deferred[MoveResult]:
         """Move ready messages between queues (see ``mqserver.broker.moving``)."""
         return self._mover.move(source, target, limit, keep_dead_letter_headers)
 

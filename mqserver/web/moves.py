@@ -1,9 +1,9 @@
 # -*- test-case-name: tests.unit.web.test_web_moves -*-
 """``POST /api/queues/{queue}/move``: ready messages to another queue (an operator's replay).
 
-The broker does the move (``mqserver.broker.moving``); this answers once
-the storage has made it durable, so a 200 means a crash can no longer
-undo it.
+The broker does the move (``mqserver.broker.moving``), a chunk per
+reactor turn; this answers once the last chunk has moved and the storage
+has made it durable, so a 200 means a crash can no longer undo it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 from twisted.internet.defer import Deferred
 
-from mqserver.broker.moving import MoveError
+from mqserver.broker.moving import MoveError, MoveResult
 from mqserver.web import fields
 from mqserver.web.router import APIError, Call, Route, text
 
@@ -30,20 +30,24 @@ def move(call: Call) -> Any:
     limit = fields.number(obj, "limit", None, 1, MAX_MOVE, integer=True)
     keep = fields.boolean(obj, "keep_dead_letter_headers")
     try:
-        result = call.broker.move(source.name, target, limit, keep)
+        moving = call.broker.move(source.name, target, limit, keep)
     except MoveError as e:
         raise APIError(400, str(e)) from None
-    answer = {"from": text(source.name), "to": text(target), "moved": result.moved,
-              "left": result.left, "stopped": result.stopped,
-              "durable": call.broker.writer is not None}
-    d: Deferred[Any] = call.broker.durable()
+    broker = call.broker
 
-    def failed(failure: Any) -> None:
-        raise APIError(503, "storage failed: the move is done in memory and the storage "
-                            f"retries it, but it is not durable yet: "
-                            f"{failure.getErrorMessage()}")
+    def durable(result: MoveResult) -> Deferred[Any]:
+        answer = {"from": text(source.name), "to": text(target), "moved": result.moved,
+                  "left": result.left, "stopped": result.stopped,
+                  "durable": broker.writer is not None}
 
-    return d.addCallbacks(lambda _: answer, failed)
+        def failed(failure: Any) -> None:
+            raise APIError(503, "storage failed: the move is done in memory and the storage "
+                                f"retries it, but it is not durable yet: "
+                                f"{failure.getErrorMessage()}")
+
+        return broker.durable().addCallbacks(lambda _: answer, failed)
+
+    return moving.addCallback(durable)
 
 
 ROUTES = [
@@ -61,9 +65,10 @@ ROUTES = [
               "from": {"type": "string"}, "to": {"type": "string"},
               "moved": {"type": "integer"},
               "left": {"type": "integer", "description": "ready messages left in this queue"},
-              "stopped": {"enum": ["target full", None],
+              "stopped": {"enum": ["target full", "queue deleted", None],
                           "description": "why fewer than asked moved: the target is at its "
-                                         "max_length (a move never drops messages)"},
+                                         "max_length (a move never drops messages), or a "
+                                         "queue was deleted meanwhile"},
               "durable": {"type": "boolean",
                           "description": "a durable storage has the move on disk"}}},
           errors=(400, 401, 404, 413, 503)),

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from twisted.internet.task import Clock
+from twisted.python.failure import Failure
 
 from mqserver.broker.core import Broker
-from mqserver.broker.moving import TARGET_FULL, MoveError
+from mqserver.broker.moving import CHUNK, QUEUE_DELETED, TARGET_FULL, MoveError, MoveResult
 from mqserver.journal.schema import TERMINAL_EVENTS
 from mqserver.journal.writer import Journal
 from mqserver.model import ENQUEUE, REMOVE, QueueOptions
@@ -36,6 +37,18 @@ def dead_letters(broker: Broker, count: int, source: bytes = b"orders",
     broker.cancel(consumer)
 
 
+def move(broker: Broker, *args: Any, **kwargs: Any) -> MoveResult:
+    """``broker.move`` run to its end: the reactor turns it takes, then its result."""
+    moving = broker.move(*args, **kwargs)
+    while not moving.called:
+        broker.clock.advance(0)
+    out: list[Any] = []
+    moving.addBoth(out.append)
+    if isinstance(out[0], Failure):
+        out[0].raiseException()
+    return out[0]
+
+
 def ids(queue: Any) -> list[bytes]:
     return [m.id for m in queue.ready]
 
@@ -46,7 +59,7 @@ def test_a_dead_letter_queue_replays_into_its_source_keeping_ids_bodies_and_head
     dead = broker.queues[b"orders.dead"]
     before = list(dead.ready)
     assert all(m.headers["x-dead-letter-reason"] == "bad" for m in before)
-    result = broker.move(b"orders.dead", b"orders")
+    result = move(broker, b"orders.dead", b"orders")
     assert (result.moved, result.left, result.stopped) == (5, 0, None)
     moved = list(broker.queues[b"orders"].ready)
     assert [m.id for m in moved] == [b"m0", b"m1", b"m2", b"m3", b"m4"]
@@ -62,17 +75,17 @@ def test_a_dead_letter_queue_replays_into_its_source_keeping_ids_bodies_and_head
 def test_the_first_n_move_and_the_rest_stay_in_order():
     broker = Broker(MemoryStore(), Clock())
     dead_letters(broker, 5)
-    result = broker.move(b"orders.dead", b"orders", limit=2)
+    result = move(broker, b"orders.dead", b"orders", limit=2)
     assert (result.moved, result.left) == (2, 3)
     assert ids(broker.queues[b"orders"]) == [b"m0", b"m1"]
     assert ids(broker.queues[b"orders.dead"]) == [b"m2", b"m3", b"m4"]
-    assert broker.move(b"orders.dead", b"orders", limit=10).moved == 3
+    assert move(broker, b"orders.dead", b"orders", limit=10).moved == 3
 
 
 def test_dead_letter_headers_can_be_kept():
     broker = Broker(MemoryStore(), Clock())
     dead_letters(broker, 1)
-    broker.move(b"orders.dead", b"orders", keep_dead_letter_headers=True)
+    move(broker, b"orders.dead", b"orders", keep_dead_letter_headers=True)
     assert broker.queues[b"orders"].ready[0].headers == {
         "kind": "k", "x-dead-letter-reason": "bad", "x-dead-letter-queue": "orders"}
 
@@ -87,7 +100,7 @@ def test_a_move_needs_two_distinct_existing_queues(source, target, error):
     broker.declare_queue(b"a")
     broker.declare_queue(b"b")
     with pytest.raises(MoveError, match=error):
-        broker.move(source, target)
+        move(broker, source, target)
     assert b"nope" not in broker.queues
 
 
@@ -98,11 +111,11 @@ def test_a_move_stops_at_the_targets_max_length_and_drops_nothing(overflow):
     broker.publish_to_queue(b"small", b"old", b"x")
     for i in range(4):
         broker.publish_to_queue(b"src", b"m%d" % i, b"x")
-    result = broker.move(b"src", b"small")
+    result = move(broker, b"src", b"small")
     assert (result.moved, result.left, result.stopped) == (2, 2, TARGET_FULL)
     assert ids(broker.queues[b"small"]) == [b"old", b"m0", b"m1"]
     assert broker.queues[b"small"].dead_lettered == 0
-    assert broker.move(b"src", b"small").moved == 0
+    assert move(broker, b"src", b"small").moved == 0
 
 
 def test_moved_messages_reach_the_targets_consumer_and_keep_their_expiry():
@@ -113,13 +126,13 @@ def test_moved_messages_reach_the_targets_consumer_and_keep_their_expiry():
     broker.publish_to_queue(b"from", b"p", b"y")
     sink = RecordingSink()
     broker.consume(broker.connection_opened("mqks", "p", sink), b"c", b"to", window=1)
-    broker.move(b"from", b"to")
+    move(broker, b"from", b"to")
     assert broker.queues[b"from"].ttl_ready == 0
     clock.advance(0)
     assert sink.bodies() == [b"x"]  # window 1: "p" waits
     assert broker.queues[b"to"].ready[0].id == b"p"
     broker.publish_to_queue(b"from", b"e", b"z", ttl=1.0)
-    broker.move(b"from", b"to")
+    move(broker, b"from", b"to")
     clock.advance(2)
     assert broker.expire_due() == 1
     assert ids(broker.queues[b"to"]) == [b"p"]
@@ -132,7 +145,7 @@ def test_a_packed_backlog_moves_whole_and_in_order():
     for i in range(3000):
         broker.publish_to_queue(b"from", b"%d" % i, b"b%d" % i)
     assert type(broker.queues[b"from"].ready).__name__ == "PackedReady"
-    assert broker.move(b"from", b"to").moved == 3000
+    assert move(broker, b"from", b"to").moved == 3000
     to = broker.queues[b"to"]
     assert type(to.ready).__name__ == "PackedReady"
     assert ids(to) == [b"%d" % i for i in range(3000)]
@@ -147,7 +160,7 @@ def test_the_journal_says_each_copy_left_the_source_and_arrived_in_the_target(tm
     broker.journal = journal
     journal.startService()
     dead_letters(broker, 2)
-    broker.move(b"orders.dead", b"orders", limit=1)
+    move(broker, b"orders.dead", b"orders", limit=1)
     journal.stopService()
     lines = [json.loads(line) for path in sorted((tmp_path / "j").glob("date=*/*.jsonl"))
              for line in path.read_text().splitlines()]
@@ -165,6 +178,73 @@ def test_the_journal_says_each_copy_left_the_source_and_arrived_in_the_target(tm
             balance[r["queue"]] = balance.get(r["queue"], 0) - 1
     assert balance == {"orders": 1, "orders.dead": 1}
     assert balance == {name.decode(): len(q.ready) for name, q in broker.queues.items()}
+
+
+def test_a_large_move_goes_a_chunk_per_turn_and_leaves_later_arrivals_in_the_source():
+    broker = Broker(MemoryStore(), Clock())
+    broker.declare_queue(b"to")
+    for i in range(2 * CHUNK + 5):
+        broker.publish_to_queue(b"from", b"%d" % i, b"x")
+    moving = broker.move(b"from", b"to")
+    # the first chunk at once, the next one at the next reactor turn
+    assert len(broker.queues[b"to"].ready) == CHUNK and not moving.called
+    [step] = broker.clock.getDelayedCalls()
+    assert step.getTime() == broker.clock.seconds()
+    broker.publish_to_queue(b"from", b"late", b"x")  # after the move started: stays
+    broker.clock.advance(0)
+    result = moving.result
+    assert (result.moved, result.left, result.stopped) == (2 * CHUNK + 5, 1, None)
+    assert ids(broker.queues[b"from"]) == [b"late"]
+    assert ids(broker.queues[b"to"])[-1] == b"%d" % (2 * CHUNK + 4)
+
+
+def test_what_consumers_take_during_a_move_is_not_replaced_by_later_messages():
+    clock = Clock()
+    broker = Broker(MemoryStore(), clock)
+    broker.declare_queue(b"to")
+    for i in range(CHUNK + 10):
+        broker.publish_to_queue(b"from", b"%d" % i, b"x")
+    moving = broker.move(b"from", b"to")
+    consumer = broker.consume(broker.connection_opened("mqks", "p", RecordingSink()), b"c",
+                              b"from", window=4)
+    broker.pump_now()  # takes four of the ten the first chunk left
+    broker.publish_to_queue(b"from", b"late", b"x")
+    clock.advance(0)
+    assert (moving.result.moved, moving.result.left) == (CHUNK + 6, 1)
+    assert ids(broker.queues[b"from"]) == [b"late"] and len(consumer.unacked) == 4
+
+
+@pytest.mark.parametrize("which", [b"from", b"to"])
+def test_a_queue_deleted_during_a_move_stops_it(which):
+    broker = Broker(MemoryStore(), Clock())
+    broker.declare_queue(b"to")
+    for i in range(CHUNK + 10):
+        broker.publish_to_queue(b"from", b"%d" % i, b"x")
+    moving = broker.move(b"from", b"to")
+    broker.delete_queue(which)
+    broker.clock.advance(0)
+    assert (moving.result.moved, moving.result.stopped) == (CHUNK, QUEUE_DELETED)
+
+
+def test_a_target_that_fills_during_a_move_stops_it():
+    broker = Broker(MemoryStore(), Clock())
+    broker.declare_queue(b"to", QueueOptions(max_length=CHUNK + 3))
+    for i in range(2 * CHUNK):
+        broker.publish_to_queue(b"from", b"%d" % i, b"x")
+    result = move(broker, b"from", b"to")
+    assert (result.moved, result.left, result.stopped) == (CHUNK + 3, CHUNK - 3, TARGET_FULL)
+
+
+def test_a_caller_that_goes_away_leaves_the_move_to_finish():
+    broker = Broker(MemoryStore(), Clock())
+    broker.declare_queue(b"to")
+    for i in range(CHUNK + 1):
+        broker.publish_to_queue(b"from", b"%d" % i, b"x")
+    moving = broker.move(b"from", b"to")
+    moving.addErrback(lambda failure: None)
+    moving.cancel()
+    broker.clock.advance(0)
+    assert len(broker.queues[b"to"].ready) == CHUNK + 1
 
 
 class RecordingStore(DurableMemoryStore):
@@ -190,7 +270,7 @@ def test_the_ops_of_each_moved_message_share_a_batch_whatever_the_batch_cap():
     clock.advance(0)
     store.batches.clear()
     broker.publish_to_queue(b"other", b"o", b"x")  # the move starts mid-batch
-    broker.move(b"from", b"to")
+    move(broker, b"from", b"to")
     done = broker.durable()
     for _ in range(20):
         clock.advance(0)
@@ -243,7 +323,7 @@ def test_a_crash_after_any_batch_of_a_move_leaves_each_message_in_one_queue(kind
     setup = [op for batch in recorder.batches for op in batch]
     recorder.batches.clear()
     broker.publish_to_queue(b"other", b"o", b"x")  # the move starts mid-batch
-    broker.move(b"from", b"to", limit=7)
+    move(broker, b"from", b"to", limit=7)
     for _ in range(20):
         clock.advance(0)
     batches = recorder.batches

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from twisted.internet.defer import Deferred
 
+from mqserver.broker.moving import CHUNK
 from mqserver.client import APIError
 from mqserver.model import QueueOptions
 from mqserver.testing import DurableMemoryStore
@@ -127,3 +128,13 @@ def test_the_client_moves_and_raises_the_servers_errors(web):
     with pytest.raises(APIError) as caught:
         web.result(web.client.move("jobs.dead", "absent"))
     assert caught.value.status == 404
+
+
+def test_a_move_of_more_than_a_chunk_is_answered_after_its_last_chunk(web):
+    fill(web, CHUNK + 1)
+    pending = web.start("POST", "/api/queues/jobs.dead/move", json={"to": "jobs"})
+    assert not web.answered(pending)
+    assert len(web.broker.queues[b"jobs"].ready) == CHUNK
+    web.turn()
+    status, body = web.finish(pending)
+    assert (status, body["moved"], body["left"]) == (200, CHUNK + 1, 0)
