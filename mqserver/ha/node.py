@@ -36,7 +36,7 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
 from mqserver.ha.claim import Claimant, Claimed, HASettings, Lease
-from mqserver.ha.standby import SiteSwitch, standby_site
+from mqserver.ha.standby import HACollector, SiteSwitch, ha_registry, standby_site
 
 log = Logger()
 
@@ -60,7 +60,8 @@ class HANode(MultiService):
         self._build_active = build_active
         self.claimant = Claimant(dsn, settings, reactor)
         self.switches: list[SiteSwitch] = []
-        self._standby = standby_site(self.health)
+        self.collector = HACollector(self.health)
+        self._standby = standby_site(self.health, ha_registry(self.collector))
         self._poll = LoopingCall(self._attempt)
         self._poll.clock = reactor
         self._attempting = False
@@ -149,6 +150,9 @@ class HANode(MultiService):
             self._demote(self._lost_while_promoting)
             return
         for switch, site in zip(self.switches, sites, strict=True):
+            registry = getattr(getattr(site, "api", None), "registry", None)
+            if registry is not None:  # the broker's /metrics gets mqserver_ha_* too
+                registry.register(self.collector)
             switch.switch(site)
         self.state = "active"
         self.promotions += 1

@@ -3,19 +3,45 @@
 
 A standby's ``/health`` answers 503 ``{"status": "standby"}`` so a load
 balancer that checks it routes only to the active node; ``/metrics`` answers
-200 with ``mqserver_ha_active 0`` so Prometheus still scrapes it; anything
-else is 503 and names the active node if the lease row does.
+200 with the node's ``mqserver_ha_*`` metrics (``HACollector``, also
+registered on the active broker's ``/metrics``) so Prometheus scrapes every
+node; anything else is 503 and names the active node if the lease row does.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from twisted.internet.protocol import Factory
 from twisted.web.resource import Resource
 from twisted.web.server import Site
+
+
+class HACollector:
+    """``mqserver_ha_*``: whether this node is active, and how often it changed role."""
+
+    def __init__(self, state: Callable[[], dict[str, Any]]) -> None:
+        self._state = state
+
+    def collect(self) -> Iterator[Metric]:
+        state = self._state()
+        yield GaugeMetricFamily("mqserver_ha_active", "1 while this node is the active one.",
+                                value=int(state["status"] == "active"))
+        yield CounterMetricFamily("mqserver_ha_promotions", "Times this node became active.",
+                                  value=state["promotions"])
+        yield CounterMetricFamily("mqserver_ha_demotions",
+                                  "Times this node lost the active role.",
+                                  value=state["demotions"])
+
+
+def ha_registry(collector: HACollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    return registry
 
 
 class StandbyResource(Resource):
@@ -23,16 +49,16 @@ class StandbyResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, state: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, state: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> None:
         super().__init__()
         self._state = state
+        self._registry = registry
 
     def render_GET(self, request: Any) -> bytes:
         state = self._state()
         if request.path == b"/metrics":
-            request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
-            return (b"# HELP mqserver_ha_active 1 while this node is the active one.\n"
-                    b"# TYPE mqserver_ha_active gauge\nmqserver_ha_active 0\n")
+            request.setHeader(b"content-type", CONTENT_TYPE_LATEST.encode())
+            return generate_latest(self._registry)
         request.setResponseCode(503)
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
@@ -53,8 +79,8 @@ class StandbyResource(Resource):
     render_PUT = render_DELETE = render_POST
 
 
-def standby_site(state: Callable[[], dict[str, Any]]) -> Site:
-    site = Site(StandbyResource(state))
+def standby_site(state: Callable[[], dict[str, Any]], registry: CollectorRegistry) -> Site:
+    site = Site(StandbyResource(state, registry))
     site.noisy = False
     return site
 

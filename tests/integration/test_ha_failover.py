@@ -67,7 +67,11 @@ def test_a_standby_serves_only_its_health_and_metrics(tmp_path, postgres_dsn):
         assert state["status"] == "standby" and state["node"] == "b"
         assert state["active"]["node"] == "a" and state["active"]["lease_valid"]
         with urllib.request.urlopen(base + "/metrics", timeout=5) as answer:
-            assert b"mqserver_ha_active 0" in answer.read()
+            assert b"mqserver_ha_active 0.0" in answer.read()
+        active_metrics = f"http://127.0.0.1:{active.http}/metrics"
+        with urllib.request.urlopen(active_metrics, timeout=5) as answer:
+            text = answer.read()
+        assert b"mqserver_ha_active 1.0" in text and b"mqserver_ha_promotions_total 1.0" in text
         with pytest.raises(urllib.error.HTTPError) as refused:
             urllib.request.urlopen(base + "/api/queues", timeout=5)
         assert refused.value.code == 503 and b"the active node: a (HTTP tcp:" in refused.value.read()

@@ -7,14 +7,17 @@ import json
 from twisted.internet.protocol import Factory, Protocol
 from twisted.web.test.requesthelper import DummyRequest
 
-from mqserver.ha.standby import SiteSwitch, StandbyResource
+from mqserver.ha.standby import HACollector, SiteSwitch, StandbyResource, ha_registry
+
+STATE = {"status": "standby", "node": "b", "active": {"node": "a", "http": "tcp:8080"},
+         "promotions": 2, "demotions": 1}
 
 
 def answer(path: bytes) -> tuple[int, bytes]:
-    state = {"status": "standby", "node": "b", "active": {"node": "a", "http": "tcp:8080"}}
     request = DummyRequest([])
     request.path = path
-    body = StandbyResource(lambda: state).render_GET(request)
+    body = StandbyResource(lambda: STATE, ha_registry(HACollector(lambda: STATE))).render_GET(
+        request)
     return request.responseCode or 200, body
 
 
@@ -25,7 +28,9 @@ def test_health_is_503_standby_for_load_balancers() -> None:
 
 def test_metrics_stay_scrapable_and_say_not_active() -> None:
     code, body = answer(b"/metrics")
-    assert code == 200 and b"mqserver_ha_active 0" in body
+    assert code == 200 and b"mqserver_ha_active 0.0" in body
+    assert b"mqserver_ha_promotions_total 2.0" in body
+    assert b"mqserver_ha_demotions_total 1.0" in body
 
 
 def test_everything_else_is_503_and_names_the_active_node() -> None:
