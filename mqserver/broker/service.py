@@ -41,6 +41,8 @@ class BrokerService(MultiService):
         # a failed start stops the process (exit 1), except under mqserver.ha,
         # whose node goes back to standby instead (it watches ``ready``)
         self.exit_on_start_failure = True
+        # mqserver.ha: the listeners also wait for this (a previous active's lease)
+        self.listen_after: Deferred[None] | None = None
 
     def startService(self) -> None:
         self.running = 1
@@ -65,6 +67,8 @@ class BrokerService(MultiService):
             gc.collect()
             gc.freeze()
             gc.set_threshold(50_000, 50, 100)
+        if self.listen_after is not None:
+            yield self.listen_after
         for service in self:
             service.startService()
         self.ready.callback(None)

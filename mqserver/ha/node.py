@@ -123,24 +123,20 @@ class HANode(MultiService):
         self.state = "promoting"
         self._lost_while_promoting = None
         conn = claimed.conn
-        log.info("node {node}: holds the claim (backend {pid}); previous active {previous}, "
-                 "whose lease ran {handover:.2f} s more: waiting that long, then recovering",
+        log.info("node {node}: holds the claim (backend {pid}); recovering; previous active "
+                 "{previous}, whose lease ran {handover:.2f} s more: serving after that",
                  node=self.settings.node, pid=conn.info.backend_pid, previous=claimed.previous,
                  handover=claimed.handover)
         self.lease = Lease(self.dsn, self.settings, self.reactor, self._lost)
         self.lease.start(conn.info.backend_pid, claimed.key)
-        d = deferLater(self.reactor, claimed.handover, self._recover, conn)
-        d.addErrback(self._promotion_failed)
-
-    def _recover(self, conn: Any) -> None:
-        if self.state != "promoting" or self._lost_while_promoting is not None:
-            conn.close()
-            raise RuntimeError(self._lost_while_promoting or "stopped")
         store = self._build_store()
         store.adopt(conn)
         store.session_lost = self._lost
         service, sites = self._build_active(store)
         service.exit_on_start_failure = False
+        # recovery only reads, and the old active cannot commit any more:
+        # only the listeners wait for what is left of its lease
+        service.listen_after = deferLater(self.reactor, claimed.handover, lambda: None)
         self.active = service
         service.startService()
         service.ready.addCallbacks(self._serving, self._promotion_failed, callbackArgs=(sites,))

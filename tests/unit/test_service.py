@@ -232,3 +232,18 @@ def test_abandon_stores_nothing_more_and_closes_everything_at_once():
     assert done.called and log[-1] == "store closed"
     assert len(store.pending) == 1 and not reactor.getDelayedCalls()
     assert len(confirms) == 1 and confirms[0].check(ConnectionError)
+
+
+def test_listeners_also_wait_for_listen_after():
+    """mqserver.ha: recovery runs at once, the listeners wait for the old lease."""
+    log: list[str] = []
+    reactor = MemoryReactorClock()
+    store = SlowStore(log)
+    service = BrokerService(Broker(store, reactor))
+    Child(log).setServiceParent(service)
+    service.listen_after = Deferred()
+    service.startService()
+    store.opening.callback(None)
+    assert log == ["open called", "store open"] and not service.ready.called
+    service.listen_after.callback(None)
+    assert log[-1] == "child started" and service.ready.called
