@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.integration.test_ha_failover -*-
+# -*- test-case-name: tests.unit.test_ha_node -*-
 """An active/standby node (``--ha``): standby until it holds the claim, then active.
 
 States and why:
@@ -51,14 +51,16 @@ class HANode(MultiService):
 
     def __init__(self, dsn: str, settings: HASettings, reactor: Any,
                  build_store: Callable[[], Any],
-                 build_active: Callable[[Any], tuple[Any, list[Any]]]) -> None:
+                 build_active: Callable[[Any], tuple[Any, list[Any]]],
+                 claimant: Any = None, lease: Callable[..., Any] = Lease) -> None:
         super().__init__()
         self.dsn = dsn
         self.settings = settings
         self.reactor = reactor
         self._build_store = build_store
         self._build_active = build_active
-        self.claimant = Claimant(dsn, settings, reactor)
+        self.claimant = claimant or Claimant(dsn, settings, reactor)
+        self._new_lease = lease
         self.switches: list[SiteSwitch] = []
         self.collector = HACollector(self.health)
         self._standby = standby_site(self.health, ha_registry(self.collector))
@@ -67,7 +69,7 @@ class HANode(MultiService):
         self._attempting = False
         self.state = "standby"
         self.active: Any = None
-        self.lease: Lease | None = None
+        self.lease: Any = None
         self._lost_while_promoting: str | None = None
         self.promotions = 0
         self.demotions = 0
@@ -127,7 +129,7 @@ class HANode(MultiService):
                  "{previous}, whose lease ran {handover:.2f} s more: serving after that",
                  node=self.settings.node, pid=conn.info.backend_pid, previous=claimed.previous,
                  handover=claimed.handover)
-        self.lease = Lease(self.dsn, self.settings, self.reactor, self._lost)
+        self.lease = self._new_lease(self.dsn, self.settings, self.reactor, self._lost)
         self.lease.start(conn.info.backend_pid, claimed.key)
         store = self._build_store()
         store.adopt(conn)
@@ -142,6 +144,8 @@ class HANode(MultiService):
         service.ready.addCallbacks(self._serving, self._promotion_failed, callbackArgs=(sites,))
 
     def _serving(self, _: None, sites: list[Any]) -> None:
+        if self.state == "stopping":
+            return
         if self._lost_while_promoting is not None:
             self._demote(self._lost_while_promoting)
             return
