@@ -13,7 +13,8 @@ Design, and why:
 - **One transaction per ``apply`` batch** (group commit), written with a
   handful of set-wide statements whatever the batch's length
   (``postgres_batch``): new messages by binary ``COPY``, deletes by
-  ``seq = ANY(array)``, upserts through a temporary staging table.  Ops are
+  ranges of consecutive seqs and ``seq = ANY(array)`` for the rest,
+  upserts through a temporary staging table.  Ops are
   encoded on the reactor thread before the hand-off, because the broker keeps
   mutating its ``Message`` objects after ``apply`` returns.
 - **Idempotent**: a failed batch is sent again, and its first try may have
@@ -65,6 +66,7 @@ from mqserver.storage.postgres_batch import (
     MessageWrites,
     Statements,
     encode_batch,
+    seq_runs,
 )
 from mqserver.storage.postgres_schema import upgrade_thd
 from mqserver.storage.worker import StoreThread
@@ -85,10 +87,19 @@ _UPSERT_STAGED = (
 )
 _CLEAR_STAGE = f"DELETE FROM {_STAGE}"
 _DELETE_MESSAGES = "DELETE FROM messages WHERE seq = ANY(%s)"
+_DELETE_RUNS = (
+    "DELETE FROM messages m USING unnest(%s::int8[], %s::int8[]) AS r(first, last) "
+    "WHERE m.seq BETWEEN r.first AND r.last"
+)
 _NEXT_SEQ = "UPDATE meta SET value = GREATEST(value, %s) WHERE key = 'next_seq'"
 _COPY_OUT = (
     f"COPY (SELECT {_COLUMNS} FROM messages ORDER BY seq) TO STDOUT (FORMAT BINARY)"
 )
+# JIT compiling (10 ms and more) pays off for long analytic queries, never
+# for these: but the planner's row estimate for the range delete grows with
+# the table, and past jit_above_cost a delete of a few hundred ranges in a
+# table of millions would be compiled
+_NO_JIT = "SET jit = off"
 # the store's claim: one lock per database and schema, so that servers in
 # different schemas of one database do not exclude each other
 LOCK_KEY = "SELECT hashtextextended('mqserver:' || current_schema(), 0)"
@@ -202,6 +213,7 @@ class PostgresStore:
             if conn is None or conn.closed or conn.broken:
                 raise SessionLostError("the database session holding the claim is gone; "
                                        "this node is no longer active")
+            conn.execute(_NO_JIT)
             return conn
         params = dict(DEFAULT_PARAMS)
         params.update(psycopg.conninfo.conninfo_to_dict(self.dsn))
@@ -222,6 +234,7 @@ class PostgresStore:
                     f"{key} for {self.lock_wait:g} s"
                 ) from None
             conn.execute("RESET lock_timeout")
+            conn.execute(_NO_JIT)
         except BaseException:
             conn.close()
             raise
@@ -352,7 +365,11 @@ class PostgresStore:
     def _write_messages_thd(cur: psycopg.Cursor[Any], step: MessageWrites,
                             upsert_all: bool) -> None:
         if step.deletes:
-            cur.execute(_DELETE_MESSAGES, (step.deletes,))
+            singles, starts, ends = seq_runs(step.deletes)
+            if starts:
+                cur.execute(_DELETE_RUNS, (starts, ends))
+            if singles:
+                cur.execute(_DELETE_MESSAGES, (singles,))
         inserts, upserts = step.inserts, step.upserts
         if upsert_all:
             inserts, upserts = [], step.rows_to_upsert()

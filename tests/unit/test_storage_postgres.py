@@ -66,6 +66,23 @@ def test_one_transaction_per_batch_off_the_reactor_thread(postgres_dsn: str) -> 
 
 
 @pytest_twisted.inlineCallbacks
+def test_acks_in_runs_delete_those_seqs_and_no_other(postgres_dsn: str) -> Any:
+    """A run of acked seqs is deleted as one range: the seqs around and
+    between the runs, not acked, stay; so do the unacked ones among singles."""
+    store = PostgresStore(postgres_dsn)
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions()),
+                       *[(ENQUEUE, message(n)) for n in range(1, 101)]])
+    acked = [*range(10, 40), *range(41, 70), 80, 82, 84]
+    yield store.apply([(REMOVE, b"q", n) for n in reversed(acked)])
+    # and the planner's estimate for many ranges in a big table never makes it compile them
+    assert (yield store.run_thd(lambda conn: conn.execute("SHOW jit").fetchone()[0])) == "off"
+    yield store.close()
+    left = [seq for (seq,) in query(postgres_dsn, "SELECT seq FROM messages ORDER BY seq")]
+    assert left == [n for n in range(1, 101) if n not in acked]
+
+
+@pytest_twisted.inlineCallbacks
 def test_a_batch_applied_twice_leaves_the_same_state(postgres_dsn: str) -> Any:
     """The broker re-sends a failed batch, whose first try may have committed after all."""
     store = PostgresStore(postgres_dsn)
