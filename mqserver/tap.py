@@ -279,12 +279,14 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     return service
 
 
-def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any) -> Any:
+def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any,
+                         wrap: Any = None) -> Any:
     """The broker over ``store``, as a service with a child per protocol listener.
 
     Everything but the HTTP sites (``http_sites``), which an active/standby
     node (``mqserver.ha``) keeps listening while it builds a broker each time
-    it becomes active.
+    it becomes active; ``wrap(factory)``, if given, wraps each protocol
+    listener's factory (the node's fence).
     """
     from mqserver.broker.core import Broker
     from mqserver.broker.service import BrokerService
@@ -326,6 +328,8 @@ def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any)
     extras_started: set[str] = set()
     for name, description in config["protocols"]:
         factory = _PROTOCOLS[name].build_factory(broker, config)
+        if wrap is not None:
+            factory = wrap(factory)
         endpoint = endpoints.serverFromString(reactor, description)
         # a protocol's --NAME-idle-timeout, if it has one (eMQP has heartbeats instead)
         factory = guarded(factory, name, config.get(f"{name}-idle-timeout"))
@@ -339,6 +343,8 @@ def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any)
         extras = extra_listeners(broker, config) if extra_listeners is not None else []
         for label, extra, extra_factory in extras:
             endpoint = endpoints.serverFromString(reactor, extra)
+            if wrap is not None:
+                extra_factory = wrap(extra_factory)
             Listener(label, endpoint, guarded(extra_factory, label), reactor).setServiceParent(
                 service
             )

@@ -11,8 +11,8 @@ then
 - measures the time from the signal to the new active's first confirmed
   publish (a probe client that polls every node's ``/health`` and publishes
   ``--confirm`` on whichever answers 200);
-- watches every node's ``/health`` every 20 ms throughout: two nodes
-  answering 200 at once fails the run;
+- watches every node's ``/health`` and MQKS port (a ``ping``) throughout:
+  two nodes serving at once fails the run;
 - checks and drains on the new active exactly as after a restart: every
   confirmed, unsettled copy must be there and no confirmed settle may come
   back;
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import threading
 import time
 import urllib.error
@@ -131,8 +132,26 @@ class Node:
         self.server.stop()
 
 
+def answers_mqks(port: int, timeout: float = 0.3) -> bool:
+    """Whether a node serves MQKS on ``port``: a ``ping`` answered, not just a TCP accept
+    (the kernel completes handshakes for a stopped process too)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout) as sock:
+            sock.sendall(b"w ping x\n")
+            data = b""
+            while b"\n" not in data:
+                chunk = sock.recv(256)
+                if not chunk:
+                    return False
+                data += chunk
+            return data.startswith(b"w ok x")
+    except OSError:
+        return False
+
+
 class HealthWatch:
-    """Polls every node's ``/health``; any moment with two answering 200 is recorded."""
+    """Polls every node's ``/health`` and, with fixed ports, its MQKS port; any moment with
+    two nodes serving (200, or a ping answered) is recorded."""
 
     def __init__(self, nodes: list[Node], interval: float = 0.02) -> None:
         self.nodes = nodes
@@ -145,7 +164,8 @@ class HealthWatch:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
-            serving = [n.name for n in list(self.nodes) if n.health(0.2)[0] == 200]
+            serving = [n.name for n in list(self.nodes) if n.health(0.2)[0] == 200 or (
+                n.fixed_ports and answers_mqks(n.fixed_ports["mqks"]))]
             self.samples += 1
             if len(serving) > 1:
                 self.overlaps.append((time.time(), serving))
@@ -211,7 +231,7 @@ class FailoverTest:
         self._mark: dict[str, int] = {}
 
     def _node(self) -> Node:
-        node = Node(f"n{self._names}", self.crash.args, self.workdir)
+        node = Node(f"n{self._names}", self.crash.args, self.workdir, fixed=True)
         self._names += 1
         self.crash.servers.append(node.server)
         self._mark[node.name] = 0

@@ -310,9 +310,14 @@ class Lease:
             conn = self._conn = connect(self.dsn, self.settings)
         conn.execute(_RELEASE, (self._writer_pid,))
 
+    def stale(self) -> bool:
+        """True once no renewal succeeded for ``lease - renew`` s (e.g. after a SIGSTOP)."""
+        s = self.settings
+        return self._monotonic() - self.valid_since > s.lease - s.renew
+
     def _tick(self) -> None:
         s = self.settings
-        if self._monotonic() - self.valid_since > s.lease - s.renew:
+        if self.stale():
             self._give_up(f"no lease renewal succeeded for {s.lease - s.renew:g} s")
             return
         if self._renewing:

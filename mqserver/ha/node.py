@@ -36,7 +36,7 @@ from twisted.internet.task import LoopingCall, deferLater
 from twisted.logger import Logger
 
 from mqserver.ha.claim import Claimant, Claimed, HASettings, Lease
-from mqserver.ha.standby import HACollector, SiteSwitch, ha_registry, standby_site
+from mqserver.ha.standby import Fenced, HACollector, SiteSwitch, ha_registry, standby_site
 
 log = Logger()
 
@@ -80,6 +80,10 @@ class HANode(MultiService):
         switch = SiteSwitch(self._standby)
         self.switches.append(switch)
         return switch
+
+    def fenced(self) -> bool:
+        """Whether a new client connection must be refused: not active, or the lease is stale."""
+        return self.state != "active" or self.lease is None or self.lease.stale()
 
     def health(self) -> dict[str, Any]:
         """``/health`` while not active."""
@@ -225,7 +229,8 @@ def build_node(config: Any, reactor: Any, limits: Any) -> HANode:
     )
 
     def build_active(store: Any) -> tuple[Any, list[Any]]:
-        service = build_broker_service(config, reactor, store, limits)
+        service = build_broker_service(config, reactor, store, limits,
+                                       wrap=lambda factory: Fenced(factory, node.fenced))
         return service, [site for _, _, site in http_sites(config, service.broker)]
 
     node = HANode(str(config.get("postgres-dsn", "")), settings, reactor,

@@ -16,7 +16,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import Factory, Protocol
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -118,3 +118,43 @@ class SiteSwitch(Factory):
         """The current site's answer to a connection over the limits (``GuardedFactory``)."""
         refusal = getattr(self.current, "refusal", None)
         return refusal(reason) if refusal is not None else None
+
+
+class Fenced(Factory):
+    """A protocol listener's factory that refuses connections while ``fenced()`` says so.
+
+    For the moment after a stopped or hung active wakes up: the reactor
+    handles the I/O that waited before the lease timer that ends the role,
+    so a new connection would reach a node whose claim may be gone.  It is
+    closed at once instead, unread (``Closed``).
+    """
+
+    noisy = False
+
+    def __init__(self, wrapped: Any, fenced: Callable[[], bool]) -> None:
+        self.wrapped = wrapped
+        self._fenced = fenced
+        self.refused = 0
+
+    def __getattr__(self, name: str) -> Any:
+        # GuardedFactory asks for ``refusal``; the protocols' own attributes too
+        return getattr(self.wrapped, name)
+
+    def doStart(self) -> None:
+        self.wrapped.doStart()
+
+    def doStop(self) -> None:
+        self.wrapped.doStop()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        if self._fenced():
+            self.refused += 1
+            return Closed()
+        return self.wrapped.buildProtocol(addr)
+
+
+class Closed(Protocol):
+    """A connection ``Fenced`` refuses: dropped as soon as it is made, nothing read."""
+
+    def connectionMade(self) -> None:
+        self.transport.abortConnection()

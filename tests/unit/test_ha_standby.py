@@ -64,3 +64,24 @@ def test_switch_builds_with_the_current_site_and_starts_and_stops_them() -> None
     switch.doStop()
     assert active.stopped == 1
     assert switch.refusal("full") is None
+
+
+def test_a_fenced_listener_drops_new_connections_unread() -> None:
+    from twisted.internet.testing import StringTransport
+
+    from mqserver.ha.standby import Closed, Fenced
+
+    inner, fenced = Counting(), [True]
+    factory = Fenced(inner, lambda: fenced[0])
+    protocol = factory.buildProtocol(None)
+    assert isinstance(protocol, Closed) and factory.refused == 1
+    transport = StringTransport()
+    protocol.makeConnection(transport)
+    assert transport.disconnecting or getattr(transport, "disconnected", False)
+    fenced[0] = False
+    assert factory.buildProtocol(None).factory is inner
+    factory.doStart()
+    factory.doStop()
+    assert (inner.started, inner.stopped) == (1, 1)
+    inner.refusal = lambda reason: b"full"  # what GuardedFactory asks the wrapped factory
+    assert factory.refusal("x") == b"full"
