@@ -230,11 +230,14 @@ def test_deleting_a_queue_with_consumers_ends_every_copy_and_closes_each_consume
 
 
 def test_a_move_ends_the_copy_in_its_source_and_publishes_one_in_its_target(tmp_path):
-    broker, journal, _ = make(tmp_path)
+    broker, journal, clock = make(tmp_path)
     broker.declare_queue(b"to")
     for n in range(3):
         broker.publish_to_queue(b"from", b"m%d" % n, b"x")
-    assert broker.move(b"from", b"to", limit=2).moved == 2
+    moving = broker.move(b"from", b"to", limit=2)
+    while not moving.called:  # a move takes reactor turns (IBroker.move)
+        clock.advance(0)
+    assert moving.result.moved == 2
     got = read(journal)
     assert terminal(got) == [("moved", "from", f"m{n}", "moved", None, 0) for n in range(2)]
     counts = assert_balanced(broker, got)
@@ -321,7 +324,9 @@ def test_any_mix_of_operations_balances_every_queue(tmp_path_factory, ops):
             broker.delete_queue(name)
         elif op == "move" and name in broker.queues and names[n % 3] in broker.queues \
                 and names[n % 3] != name:
-            broker.move(name, names[n % 3], limit=n or None)
+            moving = broker.move(name, names[n % 3], limit=n or None)
+            while not moving.called:
+                clock.advance(0)
         elif op == "options":
             broker.declare_queue(name, QueueOptions(
                 dead_letter=names[(q + 1) % 3] if n else None, max_length=n or None,
