@@ -194,16 +194,20 @@ class Publishing:
         return tag
 
     def _append(self, queue: Queue, message: Message) -> None:
-        """Put a new (or newly sequenced) message at the tail and record it
-        (a dead-letter copy; new publishes go through ``_enqueue``)."""
+        """Put a dead-letter copy at the tail and record it.
+
+        Its ENQUEUE is glued to the op before it, the REMOVE from the queue
+        it left: a batch cut between them would lose the message from both
+        queues at a crash.  (New publishes go through ``_enqueue``.)
+        """
         queue.ready.append(message)
         if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
             queue.pack_ready(self.pack_ready_after)
         if message.expires_at is not None:
             queue.ttl_ready += 1
             self._watch_expiry(queue, message)
-        if self.writer is not None:  # the hot path skips _op's call without a durable store
-            self.writer.add((ENQUEUE, message))
+        if self.writer is not None:
+            self.writer.add_with_previous((ENQUEUE, message))
         if queue.consumers:
             self._kick(queue)
 

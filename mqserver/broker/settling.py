@@ -210,8 +210,14 @@ class Settling:
         ``in_flight``: it was delivered and not returned, so the journal's
         delivery count is one more than its retries.
         """
-        self._op((REMOVE, queue.name, message.seq))
         target = queue.options.dead_letter
+        if target == queue.name:
+            target = None
+        # the target is declared (a DECLARE op) before the REMOVE, so that
+        # the REMOVE and the copy's ENQUEUE are adjacent and glued (_append)
+        target_queue = None if target is None else (
+            self.queues.get(target) or self.declare_queue(target))
+        self._op((REMOVE, queue.name, message.seq))
         if reason == b"expired":
             queue.expired += 1
         else:
@@ -223,9 +229,8 @@ class Settling:
                             message.id, message.created_at, message.retry + in_flight, None, None,
                             message.source, len(message.body), message.expires_at, reason, None,
                             None))
-        if target is None or target == queue.name:
+        if target_queue is None:
             return
-        target_queue = self.queues.get(target) or self.declare_queue(target)
         headers = dict(message.headers or {})
         headers["x-dead-letter-reason"] = reason.decode("ascii", "replace")
         headers["x-dead-letter-queue"] = queue.name.decode("utf-8", "replace")

@@ -411,3 +411,55 @@ def test_reject_past_max_retries_removes_the_stored_copy(clock, dead_letter):
     survivors = {q: [m.id for m in rq.messages] for q, rq in recovered.queues.items()}
     assert survivors == ({b"q": [], b"dlq": [b"m1"]} if dead_letter else {b"q": []})
     assert not broker.queues[b"q"].ready
+
+
+class _BatchRecordingStore(MemoryStore):
+    """Durable to the broker; keeps a copy of every batch as it was handed over."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.batches: list[list[tuple]] = []
+
+    def apply(self, ops):
+        self.batches.append([
+            (op[0], op[1].copy_to(op[1].queue, op[1].seq), *op[2:])
+            if op[0] in ("enqueue", "requeue") else op
+            for op in ops
+        ])
+        return super().apply(ops)
+
+
+@pytest.mark.parametrize("dead_letter_declared", [True, False])
+def test_a_dead_letter_move_is_never_split_across_batches(clock, dead_letter_declared):
+    """A crash after any batch leaves each message in its queue or its
+    dead-letter copy, never neither (issue 17: the REMOVE and the copy's
+    ENQUEUE were added separately, and the writer's max_batch cut could fall
+    between them in a big TTL sweep)."""
+    store = _BatchRecordingStore()
+    store.open()
+    broker = Broker(store, clock)
+    broker.writer.max_batch = 3
+    if dead_letter_declared:
+        broker.declare_queue(b"dlq")
+    broker.declare_queue(b"q", QueueOptions(dead_letter=b"dlq"))
+    for n in range(20):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"body", ttl=5)
+    while broker.writer.ops:
+        clock.advance(0)
+    published = len(store.batches)
+    clock.advance(6)
+    assert broker.expire_due() == 20
+    while broker.writer.ops:
+        clock.advance(0)
+    assert len(store.batches) > published + 1  # the sweep was cut into several batches
+    for k in range(published, len(store.batches) + 1):
+        replayed = MemoryStore()
+        replayed.open()
+        for batch in store.batches[:k]:
+            replayed.apply(batch)
+        queues = replayed.open().result.queues
+        ids = sorted(m.id for name in (b"q", b"dlq") if name in queues
+                     for m in queues[name].messages)
+        assert ids == sorted(b"m%d" % n for n in range(20)), f"after batch {k}"
