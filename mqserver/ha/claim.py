@@ -347,6 +347,15 @@ class Lease:
         lost(reason)
 
     def _renew_thd(self) -> bool:
+        try:
+            return self._renew_once_thd()
+        except psycopg.OperationalError:
+            # an idle connection that the server closed (a restart) is found
+            # broken only when used: once more on a new one, so that one
+            # renewal interval is all it takes to learn the claim is gone
+            return self._renew_once_thd()
+
+    def _renew_once_thd(self) -> bool:
         conn = self._conn
         if conn is None or conn.closed or conn.broken:
             self._close_thd()

@@ -152,3 +152,24 @@ def test_a_released_lease_lets_the_next_active_serve_without_waiting(postgres_ds
     finally:
         yield first.close()
         yield second.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_database_restart_ends_the_lease_at_the_next_renewal(
+    postgres_cluster: Any, postgres_dsn: str,
+) -> Any:
+    """The renewal's own idle connection is dead too: it connects again at once."""
+    claimant = Claimant(postgres_dsn, HASettings("a", **FAST), reactor)
+    won = yield claimant.attempt()
+    reasons: list[str] = []
+    lease = Lease(postgres_dsn, HASettings("a", **FAST), reactor, reasons.append)
+    lease.start(won.conn.info.backend_pid, won.key)
+    try:
+        yield deferLater(reactor, 0.7, lambda: None)
+        assert lease.renewals >= 1
+        postgres_cluster.restart("immediate")
+        yield deferLater(reactor, 0.6, lambda: None)  # one renewal interval, and a bit
+        assert reasons == ["the store's database session no longer holds the claim"]
+    finally:
+        yield lease.stop()
+        yield claimant.close()
