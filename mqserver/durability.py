@@ -43,6 +43,7 @@ KEPT_FIELDS = tuple(
     if name not in UNKEPT_FIELDS
 )
 """The ``Message`` fields compared, in this order, in a message's normal form."""
+_SEQ = KEPT_FIELDS.index("seq")
 
 
 class QueueState(NamedTuple):
@@ -94,15 +95,44 @@ def recovered_state(recovered: Recovered) -> State:
 
 
 def difference(expected: State, got: State) -> str:
-    """The queues and records that differ, one per line: what a failure should show."""
+    """The queues and records that differ, one per line: what a failure should show.
+
+    Of a queue's messages only those on one side alone are listed (or the
+    two orders, if both hold the same ones): a queue may hold a thousand.
+    """
     lines = []
     for name in sorted(set(expected.queues) | set(got.queues)):
         want, have = expected.queues.get(name), got.queues.get(name)
-        if want != have:
+        if want == have:
+            continue
+        if want is None or have is None:
             lines.append(f"queue {name!r}:\n  broker: {want}\n  store:  {have}")
+            continue
+        lines.append(f"queue {name!r}:")
+        if want[:2] != have[:2]:
+            lines.append(f"  broker: {want[:2]}\n  store:  {have[:2]}")
+        broker_only, store_only = _only(want.messages, have.messages), \
+            _only(have.messages, want.messages)
+        if broker_only or store_only:
+            lines.append(f"  messages only the broker holds: {broker_only}\n"
+                         f"  messages only the store holds:  {store_only}")
+        elif want.messages != have.messages:
+            lines.append(f"  another order: broker {[m[_SEQ] for m in want.messages]}, "
+                         f"store {[m[_SEQ] for m in have.messages]} (seqs)")
     if expected.records != got.records:
         lines.append(f"records:\n  broker: {expected.records}\n  store:  {got.records}")
     return "\n".join(lines)
+
+
+def _only(these: tuple[Any, ...], others: tuple[Any, ...]) -> list[Any]:
+    rest = list(others)
+    only = []
+    for item in these:
+        if item in rest:
+            rest.remove(item)
+        else:
+            only.append(item)
+    return only
 
 
 def check_recovered(recovered: Recovered, expected: State, broker_next_seq: int,
@@ -117,7 +147,7 @@ def check_recovered(recovered: Recovered, expected: State, broker_next_seq: int,
     if got != expected:
         raise AssertionError(f"{when}: the store recovered another state\n"
                              + difference(expected, got))
-    seqs = [message[KEPT_FIELDS.index("seq")]
+    seqs = [message[_SEQ]
             for queue in got.queues.values() for message in queue.messages]
     if seqs and recovered.next_seq <= max(seqs):
         raise AssertionError(f"{when}: next_seq {recovered.next_seq} <= seq {max(seqs)}")

@@ -62,26 +62,28 @@ from mqserver.testing import RecordingSink
 EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
 """Environment variable: examples per store (``DEFAULT_EXAMPLES`` without it)."""
 DEFAULT_EXAMPLES = 50
-STEPS = 40
+STEPS = 50
 """Rules per example, at most."""
 PACK_READY_AFTER = 3
 """``--pack-ready-after`` of the machine's broker: small, so ready queues pack."""
 SETTLE = ("ack", "ack_any", "ack_run", "ack_all", "reject", "reject", "reject_all", "dead_letter")
 """The ways to settle a delivery (``DurabilityMachine.settle``)."""
-CRASH_SAMPLE = 3
-"""Crash points checked at the end besides the last batch and those the machine chose."""
+CRASH_POINTS = 8
+"""Crash points checked at the end of an example: every batch, or a spread this many."""
 
 # q0 is the queue the first consumer takes; dlq is where dead letters go
 queue_names = st.sampled_from([b"q0", b"q0", b"q1", b"dlq"])
-events = st.sampled_from([b"e.a", b"e.b", b"x"])
+targets = st.sampled_from([("queue", b"q0"), ("event", b"e.a"), ("queue", b"q1"),
+                           ("event", b"e.b"), ("queue", b"dlq"), ("event", b"x")])
 bindings = st.lists(st.sampled_from([b"e.a", b"e.b", b"x", b"e.*", b"*.b"]), max_size=3)
 masks = st.lists(st.sampled_from([b"e.*", b"*.b", b"*"]), max_size=2)
 entries = st.lists(st.tuples(st.sampled_from([b"a", b"b", b"c", b"d"]), st.binary(max_size=5)),
                    min_size=1, max_size=4)
 headers = st.one_of(
-    st.none(), st.just({}),
-    st.fixed_dictionaries({MAX_RETRIES: st.sampled_from(["0", "0", "1"])}),
-    st.fixed_dictionaries({"k": st.text(max_size=3)}, optional={MAX_RETRIES: st.just("1")}),
+    st.none(),
+    st.fixed_dictionaries({MAX_RETRIES: st.sampled_from(["0", "1"])},
+                          optional={"k": st.text(max_size=3)}),
+    st.fixed_dictionaries({}, optional={"k": st.text(max_size=3)}),
 )
 ttls = st.sampled_from([None, 0, 1.0, 4.0, 30.0])
 sources = st.sampled_from([None, "mqks", "phpmq"])
@@ -156,7 +158,6 @@ class DurabilityMachine(RuleBasedStateMachine):
         super().__init__()
         self.path = Path(tempfile.mkdtemp(dir=self.directory)) / "store"
         self.batches: list[Batch] = []
-        self.crash_points: set[int] = set()
         self.bursts = 0
         blockingCallFromThread(self.reactor, self._open, 1_000_000.0)
 
@@ -212,42 +213,36 @@ class DurabilityMachine(RuleBasedStateMachine):
 
     # -- publishing ---------------------------------------------------------
 
-    @step(event=events, entries=entries, headers=headers, ttl=ttls, source=sources)
-    def publish_event(self, event: bytes, entries: list[tuple[bytes, bytes]],
-                      headers: dict[str, str] | None, ttl: float | None,
-                      source: str | None) -> None:
+    @step(to=targets, entries=entries, headers=headers, ttl=ttls, source=sources,
+          burst=st.sampled_from([False] * 7 + [True]))
+    def publish(self, to: tuple[str, bytes], entries: list[tuple[bytes, bytes]],
+                headers: dict[str, str] | None, ttl: float | None, source: str | None,
+                burst: bool) -> None:
+        """One message or a run, to an event or a queue.  ``burst`` (once an example):
+        more than a chunk of them, so a packed queue packs its tail into chunks."""
+        if burst and not self.bursts:
+            self.bursts += 1
+            entries = [(b"p%d" % n, b"%d" % n) for n in range(CHUNK + 2)]
+        kind, name = to
+        broker = self.broker
         with contextlib.suppress(QueueFullError):  # a full reject-publish queue refused it
-            if len(entries) == 1:
-                self.broker.publish_event(event, *entries[0], headers, ttl, source)
+            if kind == "event" and len(entries) == 1:
+                broker.publish_event(name, *entries[0], headers, ttl, source)
+            elif kind == "event":
+                broker.publish_event_run(name, entries, headers, ttl, source)
+            elif len(entries) == 1:
+                broker.publish_to_queue(name, *entries[0], headers, ttl, source)
             else:
-                self.broker.publish_event_run(event, entries, headers, ttl, source)
-
-    @step(name=queue_names, entries=entries, headers=headers, ttl=ttls, source=sources)
-    def publish_to_queue(self, name: bytes, entries: list[tuple[bytes, bytes]],
-                         headers: dict[str, str] | None, ttl: float | None,
-                         source: str | None) -> None:
-        with contextlib.suppress(QueueFullError):
-            if len(entries) == 1:
-                self.broker.publish_to_queue(name, *entries[0], headers, ttl, source)
-            else:
-                self.broker.publish_to_queue_run(name, entries, headers, ttl, source)
-
-    @precondition(lambda self: self.bursts < 1)
-    @step(name=queue_names, ttl=ttls)
-    def burst(self, name: bytes, ttl: float | None) -> None:
-        """More than a chunk into one queue: a packed queue packs its tail into chunks."""
-        self.bursts += 1
-        run = [(b"p%d" % n, b"%d" % n) for n in range(CHUNK + 2)]
-        with contextlib.suppress(QueueFullError):
-            self.broker.publish_to_queue_run(name, run, None, ttl, "mqks")
+                broker.publish_to_queue_run(name, entries, headers, ttl, source)
 
     # -- queues, bindings, records ------------------------------------------
 
     @step(name=queue_names, replace=st.none() | bindings, remove=bindings, remove_masks=masks,
-          add=bindings, options=st.just(KEEP) | queue_options)
+          add=bindings, options=st.just("keep") | queue_options)
     def reconfigure(self, name: bytes, replace: list[bytes] | None, remove: list[bytes],
                     remove_masks: list[bytes], add: list[bytes], options: Any) -> None:
-        self.broker.reconfigure(name, replace, remove, remove_masks, add, options)
+        self.broker.reconfigure(name, replace, remove, remove_masks, add,
+                                KEEP if options == "keep" else options)
 
     @step(name=queue_names, whole=st.booleans())
     def drop(self, name: bytes, whole: bool) -> None:
@@ -343,13 +338,14 @@ class DurabilityMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: self.holding())
     @step(how=st.sampled_from(SETTLE), pick=picks, which=st.lists(picks, min_size=1, max_size=3),
-          ttl=st.sampled_from([KEEP, KEEP, None, 0, 1.0, 10.0]))
+          ttl=st.sampled_from(["keep", None, 0, 1.0, 10.0]))
     def settle(self, how: str, pick: int, which: list[int], ttl: Any) -> None:
         """Settle deliveries of a consumer that holds some, each way the broker offers.
 
-        ``reject`` puts it back at the tail with a retry more (and maybe a new
-        TTL) or, its ``x-max-retries`` spent, dead-letters it; ``ack_run``
-        gets the picked ids (repeats included) and one never held.
+        ``reject`` puts it back at the tail with a retry more and a new TTL
+        (``ttl``; "keep": the one it has) or, its ``x-max-retries`` spent,
+        dead-letters it; ``ack_run`` gets the picked ids (repeats included)
+        and one never held.
         """
         consumer = _pick(self.holding(), pick)
         held = list(consumer.unacked)
@@ -364,7 +360,7 @@ class DurabilityMachine(RuleBasedStateMachine):
         elif how == "ack_all":
             broker.ack_all(consumer)
         elif how == "reject":
-            broker.reject(consumer, message_id, ttl)
+            broker.reject(consumer, message_id, KEEP if ttl == "keep" else ttl)
         elif how == "reject_all":
             broker.reject_all(consumer)
         else:
@@ -380,13 +376,6 @@ class DurabilityMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
         if sweep:
             self.broker.expire_due()
-
-    @precondition(lambda self: self.batches)
-    @rule()
-    @on_reactor
-    def crash_here(self) -> None:
-        """At the end, replay the batches handed over so far into a new store, and no more."""
-        self.crash_points.add(len(self.batches))
 
     @rule(window=st.sampled_from([None, 2]))
     @on_reactor
@@ -425,8 +414,7 @@ class DurabilityMachine(RuleBasedStateMachine):
         count = len(self.batches)
         if not count:
             return
-        step = max(1, count // (CRASH_SAMPLE + 1))
-        points = {count, *range(step, count, step)[:CRASH_SAMPLE], *self.crash_points}
+        points = {count, *range(1, count, max(1, count // CRASH_POINTS))}
         yield replay(self.make_store, self.path.parent / "replay", self.batches, points)
 
 

@@ -334,6 +334,8 @@ class StoreContract:
             assert _state(got) == _state(expected), f"round {round_}"
         yield store.close()
 
+    # passing takes seconds; a failure is shrunk for up to five minutes (pytest-timeout)
+    @pytest.mark.timeout(900)
     @pytest_twisted.inlineCallbacks
     def test_recovers_exactly_what_the_broker_held(self, tmp_path: Path) -> Any:
         """The durability invariant under arbitrary broker work (docs/storage.md).

@@ -19,6 +19,8 @@ from mqserver.durability import (
     RecordingStore,
     broker_state,
     check_recovered,
+    difference,
+    message_values,
     recovered_state,
     replay,
     snapshot_op,
@@ -80,6 +82,16 @@ def test_check_recovered_names_what_differs_and_checks_next_seq():
         check_recovered(same, expected, 2, "here")
     same.next_seq = 2
     check_recovered(same, expected, 2, "here")
+
+
+def test_a_difference_lists_only_the_messages_that_differ():
+    one, two, three = (message(n) for n in (1, 2, 3))
+    broker = recovered_state(Recovered({b"q": RecoveredQueue(b"q", messages=[one, two])}))
+    store = recovered_state(Recovered({b"q": RecoveredQueue(b"q", messages=[one, two, three])}))
+    assert difference(broker, store) == (
+        "queue b'q':\n  messages only the broker holds: []\n"
+        f"  messages only the store holds:  [{message_values(three)}]"
+    )
 
 
 def test_a_snapshot_keeps_a_message_as_it_was():
