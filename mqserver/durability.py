@@ -170,8 +170,10 @@ def snapshot_op(op: tuple[Any, ...]) -> tuple[Any, ...]:
 
 class Batch(NamedTuple):
     ops: list[tuple[Any, ...]]
-    # the broker's state and next seq when the writer handed the batch over
-    state: State
+    # the broker's state and next seq when the writer handed the batch over;
+    # None when the writer cut its ops (``max_batch``): the state then is
+    # that of ops still waiting, not of this batch
+    state: State | None
     next_seq: int
 
 
@@ -181,7 +183,8 @@ class RecordingStore:
     broker's state at the moment it was handed over (``batches``).
 
     Set ``broker`` once the broker exists.  The writer hands over every op
-    added so far, so the state then is exactly what batches 1..k stand for.
+    added so far (unless it cut them at ``max_batch``), so the state then is
+    exactly what batches 1..k stand for.
     """
 
     def __init__(self, inner: IMessageStore, batches: list[Batch]) -> None:
@@ -195,9 +198,9 @@ class RecordingStore:
 
     def apply(self, ops: list[tuple[Any, ...]]) -> Deferred[None]:
         broker = self.broker
-        self.batches.append(
-            Batch([snapshot_op(op) for op in ops], broker_state(broker), broker._seq)
-        )
+        whole = not broker.writer.ops  # what it did not hand over waits there
+        self.batches.append(Batch([snapshot_op(op) for op in ops],
+                                  broker_state(broker) if whole else None, broker._seq))
         return self.inner.apply(ops)
 
     def close(self) -> Deferred[None]:
@@ -209,11 +212,12 @@ def replay(make_store: Callable[[Path], IMessageStore], path: Path, batches: lis
            points: Iterable[int]) -> Any:
     """A crash after batch k, for each k of ``points``: the first k batches go into a
     new store at ``path``, which is reopened and must recover the state batch k was
-    made in.  The store is reopened at each point and written on from there."""
+    made in (points after a batch the writer cut are skipped: nothing stands for
+    their state).  The store is reopened at each point and written on from there."""
     store = make_store(path)
     yield store.open()
     done = 0
-    for point in sorted(set(points)):
+    for point in sorted(k for k in set(points) if batches[k - 1].state is not None):
         for batch in batches[done:point]:
             yield store.apply(batch.ops)
         done = point
@@ -221,6 +225,7 @@ def replay(make_store: Callable[[Path], IMessageStore], path: Path, batches: lis
         store = make_store(path)
         recovered = yield store.open()
         batch = batches[point - 1]
+        assert batch.state is not None
         check_recovered(recovered, batch.state, batch.next_seq,
                         f"after a crash following batch {point} of {len(batches)}")
     yield store.close()

@@ -125,6 +125,24 @@ def test_a_recorded_batch_replays_to_the_state_it_was_made_in(tmp_path: Path) ->
     yield replay(lambda path: SQLiteStore(path / "db"), tmp_path / "replay", batches, [1, 2])
 
 
+@pytest_twisted.inlineCallbacks
+def test_a_batch_the_writer_cut_stands_for_no_state(tmp_path: Path) -> Any:
+    batches: list[Any] = []
+    store = RecordingStore(SQLiteStore(tmp_path / "live" / "db"), batches)
+    clock = Clock()
+    broker = Broker(store, clock)
+    broker.writer.max_batch = 2
+    store.broker = broker
+    broker.load((yield store.open()))
+    broker.publish_to_queue_run(b"q", [(b"a", b"1"), (b"b", b"2"), (b"c", b"3")])
+    clock.advance(0)
+    yield broker.durable()
+    yield store.close()
+    assert [len(batch.ops) for batch in batches] == [2, 2]
+    assert batches[0].state is None and batches[1].state is not None
+    yield replay(lambda path: SQLiteStore(path / "db"), tmp_path / "replay", batches, [1, 2])
+
+
 class ForgetsBindings(SQLiteStore):
     """A store that drops BIND ops: the machine must notice."""
 
