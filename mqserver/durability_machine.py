@@ -61,7 +61,7 @@ from mqserver.testing import RecordingSink
 
 EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
 """Environment variable: examples per store (``DEFAULT_EXAMPLES`` without it)."""
-DEFAULT_EXAMPLES = 50
+DEFAULT_EXAMPLES = 60
 STEPS = 50
 """Rules per example, at most."""
 PACK_READY_AFTER = 3
