@@ -115,27 +115,27 @@ def update_line(
     return b"".join(parts)
 
 
-_WORD = re.compile(rb"[^ ]+")
-CONSUME_FLAGS = 7
-"""Words of a consume besides its events: the queue and its six kinds of flag."""
-REBIND_FLAGS = 5
-"""Words of a rebind besides its names: the queue, --confirm, --remove, --remove-mask, --add."""
+# a word that is not a flag: the queue, or a name (event or mask); flags,
+# repeated or not, are skipped inside the regex engine without an object each
+_NAME_WORD = re.compile(rb"(?<![^ ])(?!--)[^ ]+")
 
 
-def check_names(data: bytes, max_names: int | None, other_words: int) -> None:
+def check_names(data: bytes, max_names: int | None) -> None:
     """Refuse a consume or rebind that lists more than ``max_names`` names before it is split.
 
     A 16 MiB line of one-byte events split at once would be millions of
-    bytes objects; the words are counted first (spaces are one ``count``,
-    and only a line with that many spaces is walked, and only up to the
-    limit), so what a refused request costs is bounded by the limit.
+    bytes objects; the words that are not flags (the queue, then the names)
+    are counted first, and only a line with that many spaces is walked, and
+    only up to the limit, so what a refused request costs is bounded by the
+    limit.  The count is exact: it refuses what the parsed request's names
+    would, no more.
     """
     if max_names is None:
         return
-    most = max_names + other_words
+    most = max_names + 1  # the queue
     if data.count(b" ") < most:
         return
-    if next(islice(_WORD.finditer(data), most, None), None) is not None:  # word most + 1
+    if next(islice(_NAME_WORD.finditer(data), most, None), None) is not None:
         raise MQKSError(f"more than {max_names} names in one request (--max-names-per-request)")
 
 
@@ -160,7 +160,7 @@ def parse_consume(data: bytes, max_names: int | None = None) -> ConsumeArgs:
 
     A line with more than ``max_names`` events (plus its flags) is refused
     before it is split (``check_names``); the protocol checks the exact count."""
-    check_names(data, max_names, CONSUME_FLAGS)
+    check_names(data, max_names)
     confirm, data = split_confirm(data)
     args = ConsumeArgs(confirm, b"")
     target = args.replace
@@ -237,7 +237,7 @@ def parse_rebind(data: bytes, max_names: int | None = None) -> RebindArgs:
     """``[--confirm] {queue} [ev…] [--remove ev…] [--remove-mask m…] [--add ev…]``
 
     Refused before it is split with more than ``max_names`` names (``check_names``)."""
-    check_names(data, max_names, REBIND_FLAGS)
+    check_names(data, max_names)
     confirm, data = split_confirm(data)
     queue, _, rest = data.partition(b" ")
     if not queue or queue.startswith(b"--"):
