@@ -97,7 +97,12 @@ def test_failover_under_load_loses_nothing_confirmed(tmp_path, postgres_dsn, how
     assert test.watch is not None and test.watch.samples > 20
     if how == "stop":
         assert all(t.resumed_standby is not None for t in takeovers)
-        assert test.crash.log_lines(r"let its lease run out")
+        # Which way the stopped active's session ends is not asserted: the
+        # standby terminates it once the lease ran out ("let its lease run
+        # out", tested in test_ha_claim), or, stopped inside a batch's
+        # transaction, PostgreSQL ends it first (idle_in_transaction_session_
+        # timeout is one lease) and the lock is simply free.  Both are bounded
+        # by the lease, which the takeover time above checks.
         assert test.crash.log_lines(r"no longer active")
     # (a lost session's failed batch is logged with its traceback by the writer, as it should)
     assert not test.crash.log_lines(r"Unhandled|: demotion$|could not start"), \
