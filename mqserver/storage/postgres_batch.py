@@ -122,7 +122,7 @@ def message_row(message: Message) -> Row:
 
     Headers are JSON with every non-ASCII character escaped: a header a client
     sent may hold a NUL or a lone surrogate, which PostgreSQL text (and UTF-8)
-    cannot carry but a ``\\uXXXX`` escape in a json value can, so no client can
+    cannot carry but a ``\\u`` escape (four hex digits) in a json value can, so no client can
     make a batch fail forever.
     """
     headers = message.headers
