@@ -77,7 +77,7 @@ class HANode(MultiService):
 
     def switch(self) -> SiteSwitch:
         """A factory for one HTTP listener: the standby site now, the broker's when active."""
-        switch = SiteSwitch(self._standby)
+        switch = SiteSwitch(self._standby, self.fenced)
         self.switches.append(switch)
         return switch
 
@@ -86,8 +86,9 @@ class HANode(MultiService):
         return self.state != "active" or self.lease is None or self.lease.stale()
 
     def health(self) -> dict[str, Any]:
-        """``/health`` while not active."""
-        return {"status": self.state, "node": self.settings.node,
+        """``/health`` while not active, or active with a stale lease (``fenced``)."""
+        status = "fenced" if self.state == "active" and self.fenced() else self.state
+        return {"status": status, "node": self.settings.node,
                 "active": self.claimant.last_seen, "promotions": self.promotions,
                 "demotions": self.demotions, "last_error": self.last_error}
 

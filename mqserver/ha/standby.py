@@ -90,13 +90,18 @@ class SiteSwitch(Factory):
 
     The listening port stays open across role changes (a load balancer's
     check keeps its address); connections made before a switch keep the
-    site they got.
+    site they got.  While ``fenced()`` says so, a new connection gets the
+    standby site whatever the current one is: an active woken from a stop
+    accepts the connections that waited before its lease timer can demote
+    it, and its ``/health`` must not answer 200 to them (as ``Fenced`` does
+    for the protocol listeners).
     """
 
     noisy = False
 
-    def __init__(self, site: Any) -> None:
-        self.current = site
+    def __init__(self, site: Any, fenced: Callable[[], bool] | None = None) -> None:
+        self.current = self.standby = site
+        self._fenced = fenced
 
     def switch(self, site: Any) -> None:
         if site is self.current:
@@ -112,6 +117,8 @@ class SiteSwitch(Factory):
         self.current.doStop()
 
     def buildProtocol(self, addr: Any) -> Any:
+        if self._fenced is not None and self._fenced():
+            return self.standby.buildProtocol(addr)
         return self.current.buildProtocol(addr)
 
     def refusal(self, reason: str) -> Any:

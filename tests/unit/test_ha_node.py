@@ -12,7 +12,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.protocol import Factory
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.testing import MemoryReactorClock
 
 from mqserver.ha.claim import Claimed, HASettings
@@ -42,10 +42,14 @@ class Lease:
         self.lost = lost
         self.started: tuple[int, int] | None = None
         self.stopped: list[bool] = []
+        self.is_stale = False
         Lease.made.append(self)
 
     def start(self, pid: int, key: int) -> None:
         self.started = (pid, key)
+
+    def stale(self) -> bool:
+        return self.is_stale
 
     def stop(self, release: bool = False) -> Deferred:
         self.stopped.append(release)
@@ -148,6 +152,19 @@ def test_promotion_recovers_at_once_and_serves_after_the_old_lease() -> None:
     assert ha.switches[0].current is site and standby_site is not site
     reactor.advance(5)
     assert len(claimant.attempts) == 1  # an active does not compete
+
+
+def test_an_active_with_a_stale_lease_answers_new_http_connections_as_fenced() -> None:
+    """Woken from a stop, its waiting connections run before the lease timer demotes it."""
+    ha, reactor, claimant, services, _log, site = node()
+    service = promote(ha, reactor, claimant, services)
+    service.ready.callback(None)
+    site.protocol = Protocol
+    assert ha.switches[0].buildProtocol(None).factory is site
+    assert ha.health()["status"] == "active"
+    Lease.made[0].is_stale = True
+    assert ha.switches[0].buildProtocol(None).factory is ha._standby
+    assert ha.health()["status"] == "fenced" and ha.state == "active"
 
 
 def test_losing_the_session_switches_http_to_standby_before_anything_else() -> None:

@@ -66,6 +66,19 @@ def test_switch_builds_with_the_current_site_and_starts_and_stops_them() -> None
     assert switch.refusal("full") is None
 
 
+def test_a_fenced_switch_builds_with_the_standby_site_even_when_active() -> None:
+    """A woken active's HTTP port: /health must not say 200 while its lease is stale."""
+    standby, active, fenced = Counting(), Counting(), [False]
+    switch = SiteSwitch(standby, lambda: fenced[0])
+    switch.doStart()
+    switch.switch(active)
+    assert switch.buildProtocol(None).factory is active
+    fenced[0] = True
+    assert switch.buildProtocol(None).factory is standby
+    fenced[0] = False
+    assert switch.buildProtocol(None).factory is active
+
+
 def test_a_fenced_listener_drops_new_connections_unread() -> None:
     from twisted.internet.testing import StringTransport
 
