@@ -108,15 +108,7 @@ class BrokerService(MultiService):
         self.running = 0
         log.info("stopping: no new connections; storage is flushed before {n} connections close",
                  n=len(self.broker.connections))
-        journal = [s for s in self if s is self.broker.journal]
-        yield DeferredList([
-            d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
-            if d is not None
-        ])
-        if self._expiry.running:
-            self._expiry.stop()
-        self.broker.flow.stop()
-        self._stop_reading()
+        journal = yield self._stop_serving()
         yield self._flush()
         yield self._close_connections()
         yield self._flush()
@@ -127,6 +119,24 @@ class BrokerService(MultiService):
         yield self.broker.store.close()
         log.info("stopped: store closed with {ready} messages ready",
                  ready=self.broker.ready_count())
+
+    @inlineCallbacks
+    def _stop_serving(self) -> Any:
+        """Listeners and child services, timers, reading: what a stop and an abandon share.
+
+        The journal keeps running (it records the closing connections);
+        fires with the services the caller stops last, the journal's.
+        """
+        journal = [s for s in self if s is self.broker.journal]
+        yield DeferredList([
+            d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
+            if d is not None
+        ])
+        if self._expiry.running:
+            self._expiry.stop()
+        self.broker.flow.stop()
+        self._stop_reading()
+        return journal
 
     @inlineCallbacks
     def abandon(self, reason: str) -> Any:
@@ -143,15 +153,7 @@ class BrokerService(MultiService):
         self.running = 0
         if self.broker.writer is not None:
             self.broker.writer.stop()
-        journal = [s for s in self if s is self.broker.journal]
-        yield DeferredList([
-            d for d in (s.stopService() for s in reversed(list(self)) if s not in journal)
-            if d is not None
-        ])
-        if self._expiry.running:
-            self._expiry.stop()
-        self.broker.flow.stop()
-        self._stop_reading()
+        journal = yield self._stop_serving()
         yield self._close_connections(reason)
         for service in journal:
             yield service.stopService()
