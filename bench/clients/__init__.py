@@ -16,7 +16,7 @@ import socket
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 WINDOW = 1000  #: unacked deliveries a consumer allows (W1's window)
 CHUNK = 1000  #: messages per pre-encoded producer write
@@ -64,6 +64,12 @@ class LoadClient(ABC):
 
     producer: Any  #: a socket (pyzmq's for eMQP), connected by ``open``
     consumer: Any = None  #: connected by ``consume``
+    #: whether this client can have the broker confirm every publish (W1c)
+    can_confirm_each: ClassVar[bool] = False
+    #: set before ``encode`` by the W1c workload: every publish of every chunk
+    #: asks for the broker's confirmation, and ``flush`` returns once each was
+    #: confirmed (False: as today, only what ``flush`` sends is confirmed)
+    confirm_each: bool = False
 
     def __init__(self, ports: dict[str, int], queue: str) -> None:
         self.ports = ports
