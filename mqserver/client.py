@@ -6,6 +6,7 @@
     client = HTTPClient("http://127.0.0.1:8080", token="s3cret")
     yield client.create_queue("jobs", dead_letter="jobs.dead", default_ttl=3600)
     yield client.publish("jobs", b"payload", headers={"kind": "resize"}, durable=True)
+    yield client.publish_many("jobs", [b"one", b"two", {"body": "three", "ttl": 60}])
     batch = yield client.consume("jobs", consumer="worker-1", max=10, timeout=5)
     yield client.ack("jobs", "worker-1", [m["id"] for m in batch["messages"]])
     yield client.move("jobs.dead", "jobs")  # replay the dead letters after a fix
@@ -17,7 +18,7 @@ raise ``APIError`` with the server's status and message.
 from __future__ import annotations
 
 import base64
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 from urllib.parse import quote
 
@@ -53,6 +54,22 @@ def _message(body: bytes | str, message_id: str | None, headers: dict[str, str] 
     if durable:
         obj["durable"] = True
     return obj
+
+
+Many = Iterable[bytes | str | dict[str, Any]]
+"""Messages for ``publish_many``: bodies, or dicts of ``body`` (bytes or text) and
+optionally ``id``, ``headers`` and ``ttl``."""
+
+BATCH_SIZE = 1000
+"""Messages per request of ``publish_many`` (the server takes up to ``--http-max-batch``)."""
+
+
+def _batch_entry(item: bytes | str | dict[str, Any], headers: dict[str, str] | None,
+                 ttl: float | None) -> dict[str, Any]:
+    if not isinstance(item, dict):
+        return _message(item, None, headers, ttl, False)
+    return _message(item["body"], item.get("id"), item.get("headers", headers),
+                    item.get("ttl", ttl), False)
 
 
 def body_of(message: dict[str, Any]) -> bytes:
@@ -183,6 +200,42 @@ class HTTPClient:
         return self.request("POST", f"/api/events/{_segment(event)}",
                             json=_message(body, message_id, headers, ttl, durable))
 
+    def publish_many(self, queue: str, messages: Many, headers: dict[str, str] | None = None,
+                     ttl: float | None = None, durable: bool = False,
+                     batch_size: int = BATCH_SIZE) -> Deferred[Any]:
+        """Append ``messages`` to one queue, ``batch_size`` per request (one broker run
+        each); ``headers`` and ``ttl`` apply to those that do not give their own.
+
+        Fires with ``{"queue", "count", "ids", "durable"}``, the ids in order;
+        with ``durable``, once the storage has every message.  A request the
+        server refuses (400, 413, 507) raises ``APIError``; the requests
+        before it were published.
+        """
+        return self._publish_many(f"/api/queues/{_segment(queue)}/messages/batch", messages,
+                                  headers, ttl, durable, batch_size)
+
+    def publish_event_many(self, event: str, messages: Many,
+                           headers: dict[str, str] | None = None, ttl: float | None = None,
+                           durable: bool = False,
+                           batch_size: int = BATCH_SIZE) -> Deferred[Any]:
+        """``publish_many`` to an event: ``{"event", "count", "ids", "queues", "durable"}``."""
+        return self._publish_many(f"/api/events/{_segment(event)}/batch", messages,
+                                  headers, ttl, durable, batch_size)
+
+    @inlineCallbacks
+    def _publish_many(self, path: str, messages: Many, headers: dict[str, str] | None,
+                      ttl: float | None, durable: bool, batch_size: int) -> Any:
+        entries = [_batch_entry(item, headers, ttl) for item in messages]
+        params = {"durable": "true"} if durable else None
+        answer: dict[str, Any] = {}
+        ids: list[str] = []
+        for start in range(0, max(len(entries), 1), batch_size):
+            answer = yield self.request("POST", path, json=entries[start:start + batch_size],
+                                        params=params)
+            ids.extend(answer["ids"])
+        answer.update(count=len(ids), ids=ids)
+        return answer
+
     def peek(self, queue: str, limit: int = 10) -> Deferred[Any]:
         return self.request("GET", f"/api/queues/{_segment(queue)}/messages",
                             params={"limit": limit})
@@ -195,11 +248,13 @@ class HTTPClient:
             obj["consumer"] = consumer
         return self.request("POST", f"/api/queues/{_segment(queue)}/consume", json=obj)
 
-    def ack(self, queue: str, consumer: str, ids: list[str]) -> Deferred[Any]:
+    def ack(self, queue: str, consumer: str, ids: Sequence[str]) -> Deferred[Any]:
+        """Ack many deliveries in one request (one broker run):
+        ``{"settled": [...], "unknown": [...]}``, at most ``--http-max-batch`` ids."""
         return self.request("POST", f"/api/queues/{_segment(queue)}/ack",
                             json={"consumer": consumer, "ids": list(ids)})
 
-    def reject(self, queue: str, consumer: str, ids: list[str]) -> Deferred[Any]:
+    def reject(self, queue: str, consumer: str, ids: Sequence[str]) -> Deferred[Any]:
         return self.request("POST", f"/api/queues/{_segment(queue)}/reject",
                             json={"consumer": consumer, "ids": list(ids)})
 

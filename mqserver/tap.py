@@ -92,6 +92,9 @@ class Options(usage.Options):
          "dashboard stay on --http (see docs/operations.md)."],
         ["http-max-body", None, 16 * 1024 * 1024,
          "Largest HTTP request body in bytes; larger ones get 413.", int],
+        ["http-max-batch", None, 10_000,
+         "Most messages one HTTP batch publish may carry, and ids one ack or reject may "
+         "list; more get 413.", positive],
         ["max-name-bytes", None, 255,
          "Longest queue or event name (or mask) in bytes, every protocol; names are also "
          "refused if empty or holding control characters.  See docs/operations.md.", positive],
@@ -369,7 +372,7 @@ def http_sites(config: Options, broker: Any) -> list[tuple[str, str, Any]]:
             site = build_site(
                 broker, token=config["http-token"], max_body=config["http-max-body"],
                 storage_name=config["storage"], limits=Limits.from_config(config),
-                read_token=config["http-read-token"])
+                read_token=config["http-read-token"], max_batch=config["http-max-batch"])
         else:
             site = build_site(broker, storage_name=config["storage"], routes=metrics.ROUTES)
         sites.append((label, description, site))

@@ -31,6 +31,8 @@ from mqserver.web.views import RateSampler
 log = Logger()
 
 DEFAULT_MAX_BODY = 16 * 1024 * 1024
+DEFAULT_MAX_BATCH = 10_000
+"""Messages one batch publish may carry, and ids one ack or reject may list."""
 
 
 @dataclass
@@ -41,6 +43,7 @@ class WebAPI:
     token: str | None = None
     read_token: str | None = None
     max_body: int = DEFAULT_MAX_BODY
+    max_batch: int = DEFAULT_MAX_BATCH
     storage_name: str = "memory"
     started_at: float = 0.0
     sampler: RateSampler = field(default_factory=RateSampler)
@@ -50,11 +53,20 @@ class WebAPI:
 
 
 def all_routes() -> list[Route]:
-    from mqserver.web import connections, dashboard, messages, metrics, moves, openapi, queues
+    from mqserver.web import (
+        batches,
+        connections,
+        dashboard,
+        messages,
+        metrics,
+        moves,
+        openapi,
+        queues,
+    )
 
     return [
         *dashboard.ROUTES, *metrics.ROUTES, *openapi.ROUTES, *connections.ROUTES,
-        *queues.ROUTES, *messages.ROUTES, *moves.ROUTES,
+        *queues.ROUTES, *messages.ROUTES, *batches.ROUTES, *moves.ROUTES,
     ]
 
 
@@ -209,6 +221,7 @@ def build_site(
     limits: Limits | None = None,
     read_token: str | None = None,
     routes: list[Route] | None = None,
+    max_batch: int = DEFAULT_MAX_BATCH,
 ) -> APISite:
     """The HTTP face of ``broker``, ready for ``endpoint.listen``.
 
@@ -224,6 +237,7 @@ def build_site(
         token=token or None,
         read_token=read_token or None,
         max_body=max_body,
+        max_batch=max_batch,
         storage_name=storage_name,
         started_at=broker.clock.seconds(),
         limits=limits or Limits(),

@@ -15,6 +15,9 @@ from typing import Any
 from mqserver.limits import Limits
 from mqserver.web.router import APIError, raw
 
+MAX_TTL = 10 * 365 * 86400.0
+"""The longest ``ttl`` a publish may ask for, in seconds."""
+
 _NAME_PARAMS = ("queue", "event")
 """Path parameters that are queue or event names; every other one is an id."""
 
@@ -50,7 +53,9 @@ def number(
             value = float(value) if not integer else int(value)
         except ValueError:
             raise APIError(400, f"{key!r} must be a number") from None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    # an int is compared as it is: math.isfinite or float() of a 400-digit one overflows
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not math.isfinite(value)):
         raise APIError(400, f"{key!r} must be a number")
     if integer and value != int(value):
         raise APIError(400, f"{key!r} must be an integer")
@@ -58,7 +63,12 @@ def number(
         raise APIError(400, f"{key!r} must be at least {minimum}")
     if maximum is not None and value > maximum:
         raise APIError(400, f"{key!r} must be at most {maximum}")
-    return int(value) if integer else float(value)
+    if integer:
+        return int(value)
+    try:
+        return float(value)
+    except OverflowError:
+        raise APIError(400, f"{key!r} is too large") from None
 
 
 def boolean(obj: dict[str, Any], key: str, default: bool = False) -> bool:
@@ -101,13 +111,17 @@ def names(
     value = obj.get(key)
     if value is None:
         return []
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+    if not isinstance(value, list):
         raise APIError(400, f"{key!r} must be a list of non-empty strings")
+    for index, item in enumerate(value):
+        if not isinstance(item, str) or not item:
+            raise APIError(400, f"{key!r} must be a list of non-empty strings; "
+                                f"item {index} is {item!r}")
     result = [raw(v) for v in value]
     if limits is not None:
         check = limits.check_id if ids else limits.check_name
-        for item in result:
-            check(item, f"item of {key!r}", bad_request)
+        for index, item in enumerate(result):
+            check(item, f"item {index} of {key!r}", bad_request)
     return result
 
 
@@ -151,3 +165,20 @@ def message_body(obj: dict[str, Any]) -> bytes:
         return base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError):
         raise APIError(400, "'body_base64' is not valid base64") from None
+
+
+PublishOptions = tuple[bytes | None, dict[str, str] | None, float | None, bool]
+"""``(id, headers, ttl, durable)`` of one publish; None where the field was absent."""
+
+
+def publish_options(obj: dict[str, Any], limits: Limits) -> PublishOptions:
+    """The fields of a publish besides its body, each checked (a 400 names the bad one).
+
+    ``ttl`` 0 means the queue's default, as absent does: both are None here.
+    """
+    return (
+        checked(obj, "id", limits, ids=True),
+        headers(obj, limits=limits),
+        number(obj, "ttl", minimum=0, maximum=MAX_TTL) or None,
+        boolean(obj, "durable"),
+    )

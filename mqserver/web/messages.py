@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from itertools import islice
 from typing import Any
 
@@ -14,7 +15,6 @@ from mqserver.web import fields
 from mqserver.web.router import APIError, Call, Reply, Route, text
 from mqserver.web.views import message_view
 
-MAX_TTL = 10 * 365 * 86400.0
 MAX_POLL = 60.0
 MAX_LEASE = 3600.0
 
@@ -27,19 +27,17 @@ def _publish_args(call: Call) -> tuple[bytes, bytes, dict[str, str] | None, floa
     else:
         body = call.body()
         obj = {k: call.query(k) for k in ("id", "ttl", "durable")}
-    message_id = fields.checked(obj, "id", call.api.limits, ids=True)
-    ttl = fields.number(obj, "ttl", minimum=0, maximum=MAX_TTL)
-    return (
-        message_id or new_message_id(),
-        body,
-        fields.headers(obj, limits=call.api.limits),
-        ttl or None,
-        fields.boolean(obj, "durable"),
-    )
+    message_id, headers, ttl, durable = fields.publish_options(obj, call.api.limits)
+    return message_id or new_message_id(), body, headers, ttl, durable
 
 
-def _after_durable(call: Call, durable: bool, answer: dict[str, Any]) -> Any:
-    """201 now, or, with ``durable``, once the storage says everything so far is durable."""
+def after_durable(call: Call, durable: bool, answer: dict[str, Any],
+                  what: str = "the message") -> Any:
+    """201 now, or, with ``durable``, once the storage says everything so far is durable.
+
+    One wait per request, however many messages it published: the store's
+    group commit takes what concurrent requests added in the same turns.
+    """
     # true only when a durable store confirmed it: a memory store keeps nothing
     answer["durable"] = durable and call.broker.writer is not None
     if not durable:
@@ -47,15 +45,15 @@ def _after_durable(call: Call, durable: bool, answer: dict[str, Any]) -> Any:
     d: Deferred[Any] = call.broker.durable()
 
     def failed(failure: Any) -> None:
-        raise APIError(503, f"storage failed, the message may not be durable: "
+        raise APIError(503, f"storage failed, {what} may not be durable: "
                             f"{failure.getErrorMessage()}")
 
     d.addCallbacks(lambda _: Reply(201, answer), failed)
     return d
 
 
-def _publish(call: Call, publish: Any, *args: Any) -> Any:
-    """Publish, or say why not: 503 while the memory alarm is on, 507 for a full queue.
+def refuse_during_alarm(call: Call) -> None:
+    """503 while the memory alarm is on.
 
     HTTP cannot be slowed by not reading a socket the way the other protocols
     are, so during the memory alarm publishes are refused and told when to retry.
@@ -63,6 +61,11 @@ def _publish(call: Call, publish: Any, *args: Any) -> Any:
     if call.broker.flow.active:
         raise APIError(503, "memory alarm: publishing is paused, retry later",
                        {"Retry-After": "1"})
+
+
+def _publish(call: Call, publish: Any, *args: Any) -> Any:
+    """Publish, or say why not: 503 while the memory alarm is on, 507 for a full queue."""
+    refuse_during_alarm(call)
     try:
         return publish(*args)
     except QueueFullError as e:
@@ -75,7 +78,7 @@ def publish_to_queue(call: Call) -> Any:
     message = _publish(call, call.broker.publish_to_queue, queue.name, message_id, body, headers,
                        ttl, "http")
     answer = {"id": text(message.id), "queue": text(queue.name), "seq": message.seq}
-    return _after_durable(call, durable, answer)
+    return after_durable(call, durable, answer)
 
 
 def publish_event(call: Call) -> Any:
@@ -84,7 +87,7 @@ def publish_event(call: Call) -> Any:
     count = _publish(call, call.broker.publish_event, event, message_id, body, headers, ttl,
                      "http")
     answer = {"id": text(message_id), "event": text(event), "queues": count}
-    return _after_durable(call, durable, answer)
+    return after_durable(call, durable, answer)
 
 
 def peek(call: Call) -> Any:
@@ -118,31 +121,66 @@ def consume(call: Call) -> Any:
     return d.addCallback(answer)
 
 
-def _settle(call: Call, settle: Any) -> dict[str, Any]:
+Settled = tuple[list[bytes], list[bytes]]
+"""The ids a settle call settled, and those the consumer did not hold, in request order."""
+
+
+def _settle(call: Call, settle: Callable[[Any, list[bytes]], Settled]) -> dict[str, Any]:
+    """Settle the ids the body lists with ``settle(consumer, ids)``: every id
+    is answered, as settled or unknown."""
     queue = call.queue()
     obj = call.json()
     name = fields.checked(obj, "consumer", call.api.limits, ids=True)
     if name is None:
         raise APIError(400, "'consumer' is required")
     ids = fields.names(obj, "ids", call.api.limits, ids=True)
+    check_batch_size(call, len(ids), "ids")
     session = call.api.consumers.get(name, queue.name)
     session.renew()
-    done, unknown = [], []
-    for message_id in ids:
-        (done if settle(session.consumer, message_id) else unknown).append(text(message_id))
+    done, unknown = settle(session.consumer, ids)
     session.sync_window()
-    return {"consumer": text(name), "settled": done, "unknown": unknown}
+    return {"consumer": text(name), "settled": [text(i) for i in done],
+            "unknown": [text(i) for i in unknown]}
+
+
+def check_batch_size(call: Call, count: int, what: str) -> None:
+    """413 for more than ``--http-max-batch`` messages or ids in one request."""
+    limit = call.api.max_batch
+    if count > limit:
+        raise APIError(413, f"{count} {what} in one request; at most {limit} are allowed "
+                            f"(--http-max-batch): item {limit} is the first one too many")
 
 
 def ack(call: Call) -> Any:
-    return _settle(call, call.broker.ack)
+    """All the ids in one broker call (``ack_run``): its lookups and kick happen once."""
+    def settle(consumer: Any, ids: list[bytes]) -> Settled:
+        unacked = consumer.unacked
+        done, unknown = [], []
+        seen: set[bytes] = set()
+        for message_id in ids:
+            # a repeated id is settled once: its repeats are unknown by then
+            if message_id in unacked and message_id not in seen:
+                seen.add(message_id)
+                done.append(message_id)
+            else:
+                unknown.append(message_id)
+        call.broker.ack_run(consumer, done)
+        return done, unknown
+
+    return _settle(call, settle)
 
 
 def reject(call: Call) -> Any:
-    return _settle(call, call.broker.reject)
+    def settle(consumer: Any, ids: list[bytes]) -> Settled:
+        done, unknown = [], []
+        for message_id in ids:
+            (done if call.broker.reject(consumer, message_id) else unknown).append(message_id)
+        return done, unknown
+
+    return _settle(call, settle)
 
 
-_MESSAGE_IN = {
+MESSAGE_IN = {
     "type": "object",
     "properties": {
         "body": {"type": "string", "description": "UTF-8 text body"},
@@ -169,14 +207,14 @@ _MESSAGES = {"type": "array", "items": {"$ref": "#/components/schemas/Message"}}
 
 ROUTES = [
     Route("POST", "/api/queues/{queue}/messages", publish_to_queue,
-          "Publish one message to a queue", "messages", body=_MESSAGE_IN, status=201,
+          "Publish one message to a queue", "messages", body=MESSAGE_IN, status=201,
           returns={"type": "object", "properties": {
               "id": {"type": "string"}, "queue": {"type": "string"},
               "seq": {"type": "integer"}, "durable": {"type": "boolean"}}},
           errors=(400, 401, 404, 413, 503, 507)),
     Route("POST", "/api/events/{event}", publish_event,
           "Publish one message to an event: a copy goes to every bound queue", "messages",
-          body=_MESSAGE_IN, status=201,
+          body=MESSAGE_IN, status=201,
           returns={"type": "object", "properties": {
               "id": {"type": "string"}, "event": {"type": "string"},
               "queues": {"type": "integer"}, "durable": {"type": "boolean"}}},

@@ -182,7 +182,7 @@ class Call:
             else:
                 try:
                     value = json.loads(data)
-                except (ValueError, UnicodeDecodeError) as e:
+                except (ValueError, RecursionError) as e:  # deep nesting: RecursionError
                     raise APIError(400, f"request body is not valid JSON: {e}") from None
                 if not isinstance(value, dict):
                     raise APIError(400, "request body must be a JSON object")

@@ -99,7 +99,7 @@ def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
     token.write_text("s3cret\n")
     options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
                     f"--http-token-file={token}", "--http-max-body=1000",
-                    "--http-read-token=reader")
+                    "--http-read-token=reader", "--http-max-batch=50")
     reactor = MemoryReactorClock()
     service = tap.makeService(options, reactor=reactor)
     service.startService()
@@ -108,6 +108,7 @@ def test_http_listens_on_loopback_by_default_and_no_http_turns_it_off(tmp_path):
     assert [type(factory).__name__ for _, factory in http] == ["APISite"]
     api = http[0][1].api
     assert (api.token, api.read_token, http[0][1].max_body) == ("s3cret", "reader", 1000)
+    assert api.max_batch == 50
     assert service.stopService().called
     options = parse("--protocol", "mqks:tcp:4321:interface=127.0.0.1", "--storage=memory",
                     "--no-http")

@@ -61,3 +61,33 @@ def test_errors_raise_api_error_with_the_server_message(web):
     reader = HTTPClient("http://mq.test/", http=web.stub)
     with pytest.raises(APIError, match="HTTP 401"):
         web.result(reader.create_queue("q"))
+
+
+def test_publish_many_sends_batches_and_answers_every_id_in_order(web):
+    client = web.client
+    web.result(client.create_queue("q", bindings=["e"]))
+    messages = [b"\x00bin", "text", {"body": "own", "id": "m3", "headers": {"h": "own"}}]
+    sent = web.result(client.publish_many("q", messages, headers={"h": "all"}, ttl=60,
+                                          batch_size=2))
+    assert sent["count"] == 3 and sent["ids"][2] == "m3" and sent["queue"] == "q"
+    ready = list(web.broker.queues[b"q"].ready)
+    assert [m.id.decode() for m in ready] == sent["ids"]
+    assert [m.body for m in ready] == [b"\x00bin", b"text", b"own"]
+    assert [m.headers for m in ready] == [{"h": "all"}, {"h": "all"}, {"h": "own"}]
+    assert {m.expires_at for m in ready} == {60.0}
+    routed = web.result(client.publish_event_many("e", ["a", "b"], durable=True))
+    assert (routed["count"], routed["queues"], routed["durable"]) == (2, 1, False)
+    assert web.result(client.publish_many("q", []))["ids"] == []
+    d = client.consume("q", consumer="w", max=10)
+    web.turn()
+    ids = [m["id"] for m in web.result(d)["messages"]]
+    assert web.result(client.ack("q", "w", [*ids, "gone"])) == {
+        "consumer": "w", "settled": ids, "unknown": ["gone"]}
+
+
+def test_publish_many_raises_the_refusal_of_a_bad_batch(web):
+    web.result(web.client.create_queue("q"))
+    with pytest.raises(APIError) as caught:
+        web.result(web.client.publish_many("q", ["ok", {"body": "x", "ttl": -1}]))
+    assert caught.value.status == 400 and "message 1" in caught.value.message
+    assert not web.broker.queues[b"q"].ready

@@ -25,6 +25,16 @@ class SlowStore:
         return {"fsync_seconds": 0.25, "segments": 3, "ignored": "text"}
 
 
+def web_on_slow_store(make_web, **kwargs):
+    """(web, store): a queue ``q`` declared on a ``SlowStore``, its batch done."""
+    store = SlowStore()
+    web = make_web(store=store, **kwargs)
+    web.broker.declare_queue(b"q")
+    web.clock.advance(0)
+    store.pending.pop().callback(None)
+    return web, store
+
+
 def samples(text: str) -> dict[tuple[str, tuple], float]:
     return {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
@@ -86,11 +96,7 @@ def test_health_and_metrics_follow_the_storage(make_web):
 
 
 def test_durable_publish_answers_only_once_the_batch_is_durable(make_web):
-    store = SlowStore()
-    web = make_web(store=store)
-    web.broker.declare_queue(b"q")
-    web.clock.advance(0)
-    store.pending.pop().callback(None)
+    web, store = web_on_slow_store(make_web)
     pending = web.start("POST", "/api/queues/q/messages", json={"body": "x", "durable": True})
     web.clock.advance(0)
     assert not web.answered(pending)
