@@ -107,13 +107,19 @@ class World:
         protocol.makeConnection(transport)
         return protocol, transport
 
-    def feed(self, chunks: list[tuple[bytes, bool]]) -> None:
+    def feed(self, chunks: list[tuple[bytes, bool]]) -> list[int]:
+        """Each chunk, then a reactor turn, then maybe a store batch made durable;
+        how much the publisher had been answered after each (when, not only what)."""
+        answered = []
         for chunk, settle in chunks:
             self.pub.dataReceived(chunk)
             self.clock.advance(0)
             if settle and isinstance(self.store, HeldStore):
                 self.store.settle()
+                self.clock.advance(0)
+            answered.append(len(self.pub_out.value()))
         self.clock.advance(0)
+        return answered
 
     def state(self) -> Any:
         broker = self.broker
@@ -136,10 +142,10 @@ def run(factory_class: type[MQKSFactory], chunks: list[tuple[bytes, bool]],
         durable: bool, journal: bool = False) -> tuple[Any, ...]:
     with capturedLogs() as events:
         world = World(factory_class, durable, journal)
-        world.feed(chunks)
+        answered = world.feed(chunks)
     logs = [EID.sub(b"EID", formatEvent(e).encode()) for e in events]
     return (EID.sub(b"EID", world.pub_out.value()), EID.sub(b"EID", world.sub_out.value()),
-            logs, world.state())
+            answered, logs, world.state())
 
 
 EVENTS = [b"ea", b"ea", b"eb", b"ec", b"ed"]
@@ -189,7 +195,8 @@ def any_line(kind: bytes | None) -> st.SearchStrategy[bytes]:
 
 
 # mostly plain publishes and acks, so that runs form, refusals among them
-line = st.sampled_from([b""] * 6 + [b"--confirm ", None, None] + [b"ack"] * 5).flatmap(any_line)
+line = st.sampled_from([b""] * 6 + [b"--confirm "] * 3 + [None, None] + [b"ack"] * 5).flatmap(
+    any_line)
 
 
 @st.composite
@@ -226,20 +233,65 @@ def test_runs_of_publishes_and_acks_are_stored_in_the_order_their_lines_came(lin
     assert run(MQKSFactory, chunks, True, True) == run(OneByOneFactory, chunks, True, True)
 
 
+# what W1 with every publish confirmed sends, among plain publishes, acks, an
+# event bound to no queue and a queue that refuses (qf, bound to ea and eb)
+confirmed_line = st.sampled_from(
+    [b"m1 publish --confirm ea x", b"m2 publish --confirm ea y", b"m3 publish --confirm ec z",
+     b"m4 publish --confirm ed w", b"m5 publish --confirm eb v", b"m6 publish ea u",
+     b"m7 publish --confirm ea", b"k1 ack s1 m1"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(confirmed_line, max_size=24), st.lists(st.integers(0, 24), max_size=3),
+       st.booleans(), st.lists(st.booleans(), min_size=4, max_size=4))
+def test_confirmed_publishes_split_anywhere_answer_and_store_as_one_at_a_time(
+        lines, cuts, durable, settles):
+    """Each chunk's confirms wait together: the same answers, in the same order,
+    the same ops and journal, wherever the chunks are cut and the store settles."""
+    cuts = sorted(set(cuts))
+    parts = [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=False)]
+    chunks = [(b"".join(line + b"\n" for line in part), settle)
+              for part, settle in zip(parts, settles, strict=False) if part]
+    assert run(MQKSFactory, chunks, durable, True) == run(OneByOneFactory, chunks, durable, True)
+
+
 # -- where a run is stored -------------------------------------------------------------
 
 
-class Probe:
-    """One connection of a run-gathering server, recording the broker's publish calls."""
+class Writes(StringTransport):
+    """A transport that counts its writes."""
 
     def __init__(self) -> None:
+        super().__init__(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+        self.writes = 0
+
+    def write(self, data: bytes) -> None:
+        self.writes += 1
+        super().write(data)
+
+
+class Probe:
+    """One connection of a run-gathering server, recording the broker's publish calls
+    and its durability waits."""
+
+    def __init__(self, store: MemoryStore | None = None,
+                 factory_class: type[MQKSFactory] = MQKSFactory) -> None:
         self.clock = Clock()
-        self.broker = Broker(MemoryStore(), self.clock)
-        self.factory = MQKSFactory(self.broker)
+        self.store = store if store is not None else MemoryStore()
+        self.broker = Broker(self.store, self.clock)
+        self.factory = factory_class(self.broker)
         self.protocol = self.factory.buildProtocol(None)
-        self.transport = StringTransport(peerAddress=IPv4Address("TCP", "127.0.0.1", 5555))
+        self.transport = Writes()
         self.protocol.makeConnection(self.transport)
         self.calls: list[tuple[bytes, list[bytes]]] = []
+        self.waits = 0
+        durable = self.broker.durable
+
+        def counted() -> Deferred[None]:
+            self.waits += 1
+            return durable()
+
+        self.broker.durable = counted
         run_publish = self.broker.publish_event_run
 
         def publish_event_run(event, entries, *args):  # publish_event's way in too
@@ -250,6 +302,10 @@ class Probe:
 
     def send(self, *lines: bytes) -> list[bytes]:
         self.protocol.dataReceived(b"".join(line + b"\n" for line in lines))
+        return self.out()
+
+    def out(self) -> list[bytes]:
+        """What was written since the last look, after the reactor's next turn."""
         self.clock.advance(0)
         out = self.transport.value().splitlines()
         self.transport.clear()
@@ -282,17 +338,14 @@ def test_any_other_line_sees_the_publishes_before_it_stored(probe):
     assert probe.calls == [(b"ea", [b"m1", b"m2"]), (b"ea", [b"m3"])]
 
 
-def test_a_confirmed_publish_goes_alone_after_the_run(probe):
-    out = probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b", b"m3 publish ea c")
-    assert out == [b"m2 ok "]
-    assert probe.calls == [(b"ea", [b"m1"]), (b"ea", [b"m2"]), (b"ea", [b"m3"])]
-
-
 def test_a_confirm_flag_is_never_taken_for_a_runs_event(probe):
     probe.send(b"c1 publish --confirm --confirm x")  # a valid event name, once checked
-    out = probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b")
-    assert out == [b"m2 ok "]
-    assert probe.calls[-2:] == [(b"ea", [b"m1"]), (b"ea", [b"m2"])]
+    out = probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b",
+                     b"m3 publish --confirm --confirm y", b"m4 publish --confirm ex z")
+    assert out == [b"m2 ok ", b"m3 ok ", b"m4 ok "]
+    # ex was not checked yet: alone, the way that checks it
+    assert probe.calls[-3:] == [(b"ea", [b"m1", b"m2"]), (b"--confirm", [b"m3"]),
+                                (b"ex", [b"m4"])]
 
 
 def test_an_error_comes_after_the_publishes_before_it(probe):
@@ -352,3 +405,115 @@ def test_a_run_that_fails_unexpectedly_answers_each_of_its_lines_with_an_error(p
         out = probe.send(b"m1 publish ea a", b"m2 publish ea b", b"p ping after")
     assert out == [b"m1 error EID", b"m2 error EID", b"p ok after"]
     assert [e["log_failure"].getErrorMessage() for e in events if "log_failure" in e] == ["bug"]
+
+
+# -- confirmed publishes (issue 19) ----------------------------------------------------
+
+
+class FailingStore(HeldStore):
+    """Durable; its batches fail when the test says so (``fail``)."""
+
+    def fail(self) -> None:
+        pending, self.pending = self.pending, []
+        for d in pending:
+            d.errback(OSError("disk full"))
+
+
+def durable_probe(store: HeldStore, factory_class: type[MQKSFactory] = MQKSFactory) -> Probe:
+    p = Probe(store, factory_class)
+    p.send(b"b rebind q ea eb", b"w1 publish ea x", b"w2 publish eb x")
+    store.settle()
+    p.out()
+    p.calls.clear()
+    p.waits = 0
+    return p
+
+
+def test_a_chunks_confirmed_publishes_are_one_run_answered_in_one_write(probe):
+    writes = probe.transport.writes
+    lines = [b"m%d publish --confirm ea body %d" % (n, n) for n in range(50)]
+    assert probe.send(*lines) == [b"m%d ok " % n for n in range(50)]
+    assert probe.calls == [(b"ea", [b"m%d" % n for n in range(50)])]
+    assert probe.waits == 1
+    assert probe.transport.writes == writes + 1
+
+
+def test_a_durable_store_confirms_the_run_once_and_then_its_oks_go_out_together():
+    store = HeldStore()
+    probe = durable_probe(store)
+    assert probe.send(b"m1 publish --confirm ea a", b"m2 publish --confirm ea b",
+                      b"m3 publish --confirm ea c") == []
+    assert probe.calls == [(b"ea", [b"m1", b"m2", b"m3"])]
+    assert probe.waits == 1 and len(store.pending) == 1  # one batch, one wait
+    assert [op[1][1] for op in store.ops[-3:]] == [b"m1", b"m2", b"m3"]
+    writes = probe.transport.writes
+    store.settle()
+    assert probe.out() == [b"m1 ok ", b"m2 ok ", b"m3 ok "]
+    assert probe.transport.writes == writes + 1
+
+
+def test_plain_and_confirmed_publishes_to_several_events_share_one_wait():
+    store = HeldStore()
+    probe = durable_probe(store)
+    probe.send(b"m1 publish ea a", b"m2 publish --confirm ea b", b"m3 publish ea c",
+               b"m4 publish --confirm eb d", b"m5 publish eb e")
+    assert probe.calls == [(b"ea", [b"m1", b"m2", b"m3"]), (b"eb", [b"m4", b"m5"])]
+    assert probe.waits == 1
+    store.settle()
+    assert probe.out() == [b"m2 ok ", b"m4 ok "]
+
+
+def test_an_invalid_line_in_a_confirmed_run_answers_that_line_in_its_place(probe):
+    out = probe.send(b"m1 publish --confirm ea a", b"m2 publish --confirm ea b",
+                     b"m3 publish --confirm ea", b"m4 publish --confirm ea d")
+    assert out == [b"m1 ok ", b"m2 ok ", b"m3 error EID", b"m4 ok "]
+    assert probe.calls == [(b"ea", [b"m1", b"m2"]), (b"ea", [b"m4"])]
+    assert [m.id for m in probe.broker.queues[b"q"].ready][-3:] == [b"m1", b"m2", b"m4"]
+
+
+def test_on_a_durable_store_an_invalid_line_is_answered_before_the_confirms_before_it():
+    """As one at a time: an error is written at once, a confirm once durable."""
+    store = HeldStore()
+    probe = durable_probe(store)
+    out = probe.send(b"m1 publish --confirm ea a", b"m2 publish --confirm ea",
+                     b"m3 publish --confirm ea c")
+    assert out == [b"m2 error EID"]
+    store.settle()
+    assert probe.out() == [b"m1 ok ", b"m3 ok "]
+
+
+def test_a_refused_confirmed_publish_gets_its_error_and_no_confirm(probe):
+    probe.broker.declare_queue(b"full", QueueOptions(max_length=2, overflow="reject-publish"))
+    probe.broker.reconfigure(b"full", add=[b"eb"])
+    out = probe.send(b"m1 publish --confirm eb a", b"m2 publish eb b",
+                     b"m3 publish --confirm eb c", b"m4 publish --confirm eb d")
+    assert out == [b"m1 ok ", b"m3 error EID", b"m4 error EID"]
+    assert [m.id for m in probe.broker.queues[b"full"].ready] == [b"m1", b"m2"]
+
+
+def test_a_failed_batch_answers_each_confirmed_publish_of_the_run_with_an_error():
+    lines = b"m1 publish --confirm ea a", b"m2 publish ea b", b"m3 publish --confirm ea c"
+    answers = []
+    for factory_class in (MQKSFactory, OneByOneFactory):  # the same as one at a time
+        store = FailingStore()
+        probe = durable_probe(store, factory_class)
+        with capturedLogs() as events:
+            probe.send(*lines)
+            store.fail()
+            answers.append(probe.out())
+        errors = [e for e in events if "rid" in e]
+        assert [e["rid"] for e in errors] == [b"m1", b"m3"]
+        assert all("storage failed: disk full" in formatEvent(e) for e in errors)
+    assert answers[0] == answers[1] == [b"m1 error EID", b"m3 error EID"]
+
+
+def test_a_confirmed_run_that_stores_nothing_is_answered_without_waiting_for_later_lines():
+    """Bound to no queue, it changes nothing: its confirm does not wait for the
+    store batch the publishes after it start, as one at a time."""
+    store = HeldStore()
+    probe = durable_probe(store)
+    probe.factory.check_event(b"nowhere")
+    assert probe.send(b"m1 publish --confirm nowhere a", b"m2 publish --confirm ea b") == [
+        b"m1 ok "]
+    store.settle()
+    assert probe.out() == [b"m2 ok "]

@@ -38,6 +38,8 @@ class Acking:
     _error: Any  # Output's
     _run: list[tuple[bytes, bytes]]  # Publishing's
     _store_run: Any  # Publishing's
+    _answer_confirms: Any  # Publishing's
+    _confirms: list[bytes]  # Publishing's
     # the gathered ack lines of this chunk (split into four words), all for
     # ``_ack_consumer``, whose id they name as ``_ack_consumer_id``
     _acks: list[list[bytes]]
@@ -56,7 +58,7 @@ class Acking:
                 and message_id.isalnum() and len(message_id) <= max_id):
             return False
         if not self._acks or consumer_id != self._ack_consumer_id:
-            self._store_runs()  # publishes or another consumer's acks: they came first
+            self._store_pending()  # publishes or another consumer's acks: they came first
             # "--confirm" is a flag here, even if a consumer has that id
             consumer = None if consumer_id == CONFIRM else self.factory.consumer(consumer_id)
             if consumer is None:
@@ -75,12 +77,20 @@ class Acking:
         except Exception:
             # not knowing which of them were settled, none is answered as done
             log.failure("mqks {action} failed", action=b"ack")
+            self._answer_confirms()  # the publishes before them were stored
             for words in acks:
                 self._error(words[0], "internal error")
 
-    def _store_runs(self) -> None:
+    def _store_pending(self) -> None:
         """Store the chunk's pending run, of publishes or of acks (never both)."""
         if self._run:
             self._store_run()
         if self._acks:
             self._store_acks()
+
+    def _store_runs(self) -> None:
+        """Store the pending run and answer the confirmed publishes stored:
+        before anything the next line or the chunk's end writes."""
+        self._store_pending()
+        if self._confirms:
+            self._answer_confirms()

@@ -105,6 +105,25 @@ class Output:
             lambda _: self._ok(request_id), self._confirm_failed, errbackArgs=(request_id,)
         )
 
+    def _confirm_all(self, request_ids: list[bytes]) -> None:
+        """``_confirm`` of several requests: one wait, their ``ok `` lines in one write.
+
+        One wait for everything the requests changed is the same as a wait
+        after each: it fires once the last of them is durable, and ops of
+        one reactor turn share a batch.  Failed, each gets its own error.
+        """
+        self.broker.durable().addCallbacks(
+            self._confirmed, self._confirms_failed,
+            callbackArgs=(request_ids,), errbackArgs=(request_ids,),
+        )
+
+    def _confirmed(self, _: object, request_ids: list[bytes]) -> None:
+        self._write(b"".join([b"%s ok \n" % request_id for request_id in request_ids]))
+
+    def _confirms_failed(self, failure: Failure, request_ids: list[bytes]) -> None:
+        for request_id in request_ids:
+            self._confirm_failed(failure, request_id)
+
     def _confirm_consume(self, consumer_id: bytes, consumer: Any) -> None:
         """A consume's ``ok ``, before any delivery to the new consumer.
 

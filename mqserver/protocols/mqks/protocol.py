@@ -3,9 +3,10 @@
 
 Parsing is one ``split`` per ``dataReceived`` chunk, then one per line into at
 most four words, with dispatch through a dict of bound methods; a chunk's
-plain publishes and acks go to the broker as runs (``publishing``,
-``acking``); replies and deliveries are buffered and written once per chunk
-(or once per reactor turn for deliveries), never once per line (``output``).
+publishes and plain acks go to the broker as runs, its confirmed publishes
+wait for the store together (``publishing``, ``acking``); replies and
+deliveries are buffered and written once per chunk (or once per reactor
+turn for deliveries), never once per line (``output``).
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
         self._receiving = False
         self._closing = False
         self._run: list[tuple[bytes, bytes]] = []
+        self._run_confirms: list[int] = []
+        self._confirms: list[bytes] = []
         self._acks: list[list[bytes]] = []
         # The hot actions take the request's words as ``_request`` split them;
         # the others take their data, everything after the action, as sent.
