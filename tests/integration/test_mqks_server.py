@@ -154,6 +154,30 @@ def test_a_consume_confirm_comes_first_with_every_backend(start_server, line_cli
         new.close()  # its unacked messages go back to q for the next attempt
 
 
+@pytest.mark.parametrize("store", [("--storage=sqlite",), ("--storage=log", "--fsync=always")])
+def test_pipelined_confirmed_publishes_are_answered_in_order_and_survive_kill_9(
+        start_server, line_client, tmp_path, store):
+    """A chunk's confirms wait for the store together (issue 19): each still
+    gets its ``ok ``, in order, and only once what it published is on disk."""
+    args = ("--protocol=mqks:tcp:0:interface=127.0.0.1", f"--data-dir={tmp_path / 'data'}",
+            *store)
+    server = start_server(*args)
+    client = line_client(server.ports["mqks"])
+    client.send("r rebind --confirm q e")
+    assert client.read(1) == [b"r ok "]
+    client.send(*[f"m{n} publish --confirm e body {n}" for n in range(1000)])
+    assert client.read(1000, timeout=60) == [b"m%d ok " % n for n in range(1000)]
+    server.process.kill()  # every publish was confirmed: all must be on disk
+    server.process.wait()
+
+    server = start_server(*args)
+    consumer = line_client(server.ports["mqks"])
+    consumer.send("c consume q e")
+    assert consumer.read(1000, timeout=60) == [
+        b"c ok m%d event=e body %d" % (n, n) for n in range(1000)]
+    assert consumer.quiet()
+
+
 def test_confirm_is_stripped_from_every_action(connect, mqks_server):
     c = connect()
     c.send("p1 ping --confirm hello", "e1 _eval --confirm 1+1",
