@@ -118,7 +118,7 @@ class Output:
         )
 
     def _confirmed(self, _: object, request_ids: list[bytes]) -> None:
-        self._write(b"".join([b"%s ok \n" % request_id for request_id in request_ids]))
+        self._write(b" ok \n".join(request_ids) + b" ok \n")
 
     def _confirms_failed(self, failure: Failure, request_ids: list[bytes]) -> None:
         for request_id in request_ids:
