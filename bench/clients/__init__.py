@@ -104,13 +104,14 @@ class LoadClient(ABC):
 
 
 class LineReplies:
-    """A producer connection answered with one CRLF line per message
-    (beanstalkd ``INSERTED``, Redis ``:n``).  Servers like these stop reading
-    while their replies cannot be written, so at most a few chunks stay
-    unanswered."""
+    """A producer connection answered with one line per message (beanstalkd
+    ``INSERTED``, Redis ``:n``, CRLF; MQKS ``ok `` with ``--confirm``, LF).
+    Servers like these stop reading while their replies cannot be written,
+    so at most a few chunks stay unanswered."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, end: bytes = b"\r\n") -> None:
         self.sock = sock
+        self.end = end
         self.sent = self.answered = 0
         self.rest = b""
 
@@ -121,9 +122,9 @@ class LineReplies:
             self.read()
 
     def read(self) -> None:
-        data = self.rest + recv(self.sock)
-        cut = data.rfind(b"\r\n") + 2
-        self.answered += data.count(b"\r\n", 0, cut)
+        data, end = self.rest + recv(self.sock), self.end
+        cut = data.rfind(end) + len(end)
+        self.answered += data.count(end, 0, cut)
         self.rest = data[cut:]
 
     def wait(self) -> None:

@@ -1,10 +1,11 @@
-"""MQKS: text lines; a manual-ack consumer, ``--confirm`` on a last publish as the barrier."""
+"""MQKS: text lines; a manual-ack consumer, ``--confirm`` on a last publish as the barrier,
+or on every publish (``confirm_each``: W1c)."""
 
 from __future__ import annotations
 
 import socket
 
-from bench.clients import LoadClient, Seen, connect, recv
+from bench.clients import LineReplies, LoadClient, Seen, connect, recv
 
 
 class MQKSClient(LoadClient):
@@ -12,6 +13,7 @@ class MQKSClient(LoadClient):
 
     producer: socket.socket
     sequence = 0
+    can_confirm_each = True
 
     def open(self) -> None:
         self.producer = connect(self.ports["mqks"])
@@ -21,17 +23,24 @@ class MQKSClient(LoadClient):
         while not reply.endswith(b"\n"):
             reply += recv(self.producer)
         assert reply == b"rb ok \n", reply
+        self.replies = LineReplies(self.producer, b"\n")
 
-    def encode(self, chunk: list[bytes]) -> bytes:
+    def encode(self, chunk: list[bytes]) -> tuple[bytes, int]:
         first, self.sequence = self.sequence, self.sequence + len(chunk)
-        event = self.event
+        event = b"--confirm " + self.event if self.confirm_each else self.event
         return b"".join(b"m%d publish %s %s\n" % (first + n, event, body)
-                        for n, body in enumerate(chunk))
+                        for n, body in enumerate(chunk)), len(chunk)
 
-    def send(self, encoded: bytes) -> None:
-        self.producer.sendall(encoded)
+    def send(self, encoded: tuple[bytes, int]) -> None:
+        if self.confirm_each:  # an ``ok `` line per publish: a few chunks unanswered at most
+            self.replies.send(*encoded)
+        else:
+            self.producer.sendall(encoded[0])
 
     def flush(self) -> None:
+        if self.confirm_each:
+            self.replies.wait()
+            return
         # Published with --confirm, answered once it and (the connection being
         # FIFO) everything before it is stored: durable on a durable backend.
         self.producer.sendall(b"sync publish --confirm bench.nobody x\n")
