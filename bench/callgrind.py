@@ -1,6 +1,7 @@
 """Instructions the server executes per W1 message, counted by callgrind.
 
-``python -m bench.callgrind [--messages N] [--journal] [--storage memory] [--protocol mqks]``
+``python -m bench.callgrind [--messages N] [--journal] [--storage memory] [--protocol mqks]
+[--confirm-each]``
 
 Throughput on a shared 2-core machine moves by tens of per cent between
 runs; instruction counts move by about 0.1 %.  This starts the suite's
@@ -8,7 +9,9 @@ server (``bench.servers.start_mqserver``) under ``valgrind
 --tool=callgrind``, warms it up with a quarter-size W1 round, zeroes the
 counters, runs one W1 round with the suite's lean client of ``--protocol``
 (MQKS by default) and reads the
-counters back: every thread of the server process, nothing of the client.  Compare two trees with
+counters back: every thread of the server process, nothing of the client.
+``--confirm-each``: the client has every publish confirmed (W1c; a client
+that can, ``LoadClient.can_confirm_each``).  Compare two trees with
 ``PYTHONPATH=<tree>`` (the server inherits it).  It says nothing about
 cache misses, system calls or other processes (the journal's), so confirm
 a change that matters with the suite.  Needs Debian's ``valgrind``.
@@ -41,10 +44,13 @@ def summary(path: Path) -> int:
     raise RuntimeError(f"no summary line in {path}")
 
 
-def count(messages: int, storage: str, workdir: Path, protocol: str = "mqks") -> float:
+def count(messages: int, storage: str, workdir: Path, protocol: str = "mqks",
+          confirm_each: bool = False) -> float:
     """Instructions per message of one W1 round of ``messages`` 100-byte messages
     with ``protocol``'s client, on a server set up as ``bench.servers.STORAGES[storage]``."""
     client = PROTOCOLS[protocol]
+    if confirm_each:
+        client = type(client.__name__, (client,), {"confirm_each": True})
     wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/callgrind.%p")
     server = start_mqserver(storage, workdir, wrapper, timeout=300)
     try:
@@ -68,17 +74,22 @@ def main() -> None:
     parser.add_argument("--storage", default="memory",
                         choices=[name for name in STORAGES if "+" not in name])
     parser.add_argument("--protocol", default="mqks", choices=sorted(PROTOCOLS))
+    parser.add_argument("--confirm-each", action="store_true",
+                        help="every publish confirmed by the broker (W1c)")
     args = parser.parse_args()
     if args.journal and args.storage != "memory":
         parser.error("--journal goes with --storage=memory")
+    if args.confirm_each and not PROTOCOLS[args.protocol].can_confirm_each:
+        parser.error(f"the {args.protocol} client cannot confirm every publish")
     if shutil.which("valgrind") is None:
         sys.exit("bench.callgrind needs valgrind (Debian package valgrind)")
     setup = "memory+journal" if args.journal else args.storage
     with tempfile.TemporaryDirectory(prefix="mqserver-callgrind-") as tmp:
-        per_message = count(args.messages, setup, Path(tmp), args.protocol)
+        per_message = count(args.messages, setup, Path(tmp), args.protocol, args.confirm_each)
     journal = "on" if args.journal else "off"
-    print(f"W1 {args.protocol} storage={args.storage} journal={journal} N={args.messages}: "
-          f"{per_message:,.0f} instructions per message")
+    workload = "W1c" if args.confirm_each else "W1"
+    print(f"{workload} {args.protocol} storage={args.storage} journal={journal} "
+          f"N={args.messages}: {per_message:,.0f} instructions per message")
 
 
 if __name__ == "__main__":
