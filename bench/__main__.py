@@ -21,7 +21,7 @@ from bench import report
 from bench.runner import WORKLOADS, Options, run
 
 QUICK = {"messages": 2000, "rounds": 1, "paced_messages": 1000, "memory_messages": 20_000,
-         "http_scale": 0.25}
+         "http_scale": 1.0}
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:

@@ -40,6 +40,8 @@ TARGETS = [
            ("w1", "beanstalkd-b", "total"), 2.0),
     Target("postgres W3 total ≥ 2x beanstalkd -b", ("w1", "mqks/postgres", "total"),
            ("w1", "beanstalkd-b", "total"), 2.0),
+    Target("HTTP memory W1 total (batches of 1000) ≥ 1x beanstalkd",
+           ("w1", "http/memory", "total"), ("w1", "beanstalkd", "total"), 1.0),
     Target("paced 10k/s MQKS memory p50 ≤ 0.15 ms", ("paced", "mqks/memory", "p50_ms"), None,
            0.15, at_most=True),
     Target("paced 10k/s MQKS memory p99 ≤ 0.4 ms", ("paced", "mqks/memory", "p99_ms"), None,

@@ -32,7 +32,7 @@ class Options:
     paced_messages: int = 30_000
     paced_rate: float = 10_000.0
     memory_messages: int = 1_000_000
-    http_scale: float = 0.05
+    http_scale: float = 0.5
     workloads: tuple[str, ...] = WORKLOADS
     only: str = ""  #: regular expression on system names
     verbose: bool = True

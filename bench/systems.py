@@ -32,7 +32,7 @@ class System:
     name: str  #: "mqks/memory", "beanstalkd-b-f0", ...
     server: str  #: a key of STORAGES (an mqserver) or of PEERS
     client: type[LoadClient]
-    scale: float = 1.0  #: share of N it runs (HTTP publishes one message per request)
+    scale: float = 1.0  #: share of N it runs (see ``all_systems``)
 
     @property
     def peer(self) -> bool:
@@ -48,10 +48,11 @@ class System:
 
 
 def all_systems(http_scale: float) -> list[System]:
-    """Every protocol on every storage setup, then the peers.  HTTP (a request
-    per message), eMQP (a pyzmq call per message; about 10k msgs/s) and
-    ``beanstalkd -b -f0`` (an fsync per put) run a share of N so a round
-    stays within seconds; rates do not depend on N at these sizes."""
+    """Every protocol on every storage setup, then the peers.  HTTP (``--http-scale``;
+    its drain, a JSON view per message, runs at about a tenth of MQKS's), eMQP
+    (a pyzmq call per message; about 10k msgs/s) and ``beanstalkd -b -f0``
+    (an fsync per put) run a share of N so a round stays within seconds;
+    rates do not depend on N at these sizes."""
     scale = {"http": http_scale, "emqp": EMQP_SCALE}
     systems = [System(f"{protocol}/{storage}", storage, client, scale.get(protocol, 1.0))
                for storage in STORAGES for protocol, client in PROTOCOLS.items()]

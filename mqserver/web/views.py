@@ -10,7 +10,7 @@ rates over the last ``window`` seconds.
 
 from __future__ import annotations
 
-import base64
+from binascii import b2a_base64
 from collections import deque
 from collections.abc import Hashable, Sequence
 from typing import Any
@@ -126,16 +126,19 @@ def connection_view(connection: Any, now: float) -> dict[str, Any]:
 
 
 def message_view(message: Message, now: float) -> dict[str, Any]:
+    """A message as the API shows it.  A consume answer has a thousand of these,
+    so ``text`` and ``base64.b64encode`` are inlined: half of what it cost."""
     body = message.body
     try:
         body_text: str | None = body.decode("utf-8")
     except UnicodeDecodeError:
         body_text = None
+    event = message.event
     return {
-        "id": text(message.id),
-        "queue": text(message.queue),
+        "id": message.id.decode("utf-8", "surrogateescape"),
+        "queue": message.queue.decode("utf-8", "surrogateescape"),
         "seq": message.seq,
-        "event": text(message.event) if message.event is not None else None,
+        "event": event.decode("utf-8", "surrogateescape") if event is not None else None,
         "headers": message.headers or {},
         "retry": message.retry,
         "created_at": message.created_at,
@@ -144,7 +147,7 @@ def message_view(message: Message, now: float) -> dict[str, Any]:
         "source": message.source,
         "size": len(body),
         "body": body_text,
-        "body_base64": base64.b64encode(body).decode("ascii"),
+        "body_base64": b2a_base64(body, newline=False).decode("ascii"),
     }
 
 

@@ -6,7 +6,7 @@ import base64
 import json
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mqserver.limits import Limits
@@ -47,6 +47,7 @@ def test_a_json_array_is_one_run_into_the_queue_and_answers_every_id_in_order(ma
     assert answer["ids"] == [m.id.decode() for m in ready] and answer["ids"][3] == "mine"
     assert (answer["queue"], answer["count"], answer["durable"]) == ("q", 1000, False)
     assert len(set(answer["ids"])) == 1000
+    assert all(len(i) == 32 and int(i, 16) >= 0 for i in answer["ids"][4:])
     assert {m.source for m in ready} == {"http"}
 
 
@@ -86,6 +87,7 @@ def test_an_empty_batch_publishes_nothing(web):
     ({"json": [{"body": "a"}, {"body": "b"}, {"body": "c", "ttl": -1}]}, 400,
      "message 2: 'ttl' must be at least 0"),
     ({"json": [{"body": "a"}, "b"]}, 400, "message 1 must be a JSON object"),
+    ({"json": [{"body": "a"}, {"body": "\ud800"}]}, 400, "message 1: '\\ud800' is not encodable"),
     ({"json": [{"body": "a"}, {}]}, 400, "message 1: give exactly one of"),
     ({"json": [{"body": "a", "id": ""}]}, 400, "message 0: 'id' must be a non-empty string"),
     ({"json": [{"body": "a", "headers": {"x": 1}}]}, 400, "message 0: 'headers' must be"),
@@ -235,8 +237,14 @@ JSON_VALUES = st.recursive(
         inner, max_size=4),
     max_leaves=12,
 )
+ENTRIES = st.fixed_dictionaries({"body": st.text(max_size=8)}, optional={
+    "id": st.text("ab\x00é", min_size=1, max_size=9), "ttl": st.integers(0, 3) | st.floats(),
+    "headers": st.dictionaries(st.text(max_size=3), st.text(max_size=3), max_size=3),
+    "durable": st.booleans()})  # mostly valid: every field's edge, sometimes over it
 BATCH_BYTES = st.one_of(
     st.binary(max_size=200),
+    st.lists(ENTRIES, max_size=4).map(lambda v: json.dumps(v).encode()),
+    st.lists(ENTRIES, max_size=4).map(lambda v: b"\n".join(json.dumps(x).encode() for x in v)),
     st.lists(JSON_VALUES, max_size=5).map(lambda v: json.dumps(v).encode()),
     st.lists(JSON_VALUES, max_size=5).map(
         lambda v: b"\n".join(json.dumps(x).encode() for x in v)),
@@ -245,7 +253,7 @@ BATCH_BYTES = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=BATCH_BYTES, ndjson=st.booleans())
 def test_any_bytes_parse_as_a_batch_or_are_a_400_or_413(data, ndjson):
     try:
@@ -255,14 +263,14 @@ def test_any_bytes_parse_as_a_batch_or_are_a_400_or_413(data, ndjson):
         assert e.message
         return
     assert len(batch.ids) <= 3
-    assert [i for _, _, entries in batch.runs for i, _ in entries] == batch.ids
+    assert [i.decode() for _, _, entries in batch.runs for i, _ in entries] == batch.ids
     for headers, ttl, entries in batch.runs:
         assert all(isinstance(i, bytes) and isinstance(b, bytes) for i, b in entries)
         assert headers is None or all(isinstance(v, str) for v in headers.values())
         assert ttl is None or ttl > 0
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=BATCH_BYTES, kind=st.sampled_from(["application/json", "application/x-ndjson"]))
 def test_any_batch_body_gets_a_201_400_or_413_from_the_resource(data, kind):
     web = Web()
