@@ -5,7 +5,8 @@
 W1 over eMQP moves 11 frames each way per message on one client: a
 7-frame REQUEST and a 4-frame READY out, a 7-frame REQUEST and a 5-frame
 REPLY in (one frame less here, as a DEALER drops nothing).  This sends
-those frames through pyzmq's compiled ``send``/``recv`` to a ROUTER in
+those frames (as eventmq's peers send them: a fresh 36-byte msgid in each,
+``bench.clients.emqp.UuidIds``) through pyzmq's compiled ``send``/``recv`` to a ROUTER in
 another process that only sinks them, then receives pre-built ones that
 are already queued, and reports the client process's CPU per message (its
 libzmq I/O thread included).  One client cannot go faster than the sum,
@@ -23,6 +24,8 @@ from typing import Any
 
 import zmq
 import zmq.backend
+
+from bench.clients.emqp import UuidIds
 
 BODY = b"x" * 100
 V = b"eMQP/1.0"
@@ -43,8 +46,9 @@ def sink(count: int, ports: Any, done: Any) -> None:
     identity = router.recv_multipart()[0]
     for _ in range(2 * count):
         router.recv_multipart()
-    request = [identity, b"", V, b"REQUEST", b"1", b"default", b"", BODY]
-    reply = [identity, b"", V, b"REPLY", b"1"]
+    ids = UuidIds()
+    request = [identity, b"", V, b"REQUEST", ids(), b"default", b"", BODY]
+    reply = [identity, b"", V, b"REPLY", ids()]
     for _ in range(count):
         router.send_multipart(request)
         router.send_multipart(reply)
@@ -65,21 +69,22 @@ def measure(count: int) -> tuple[float, float]:
     dealer.setsockopt(zmq.RCVHWM, 0)
     dealer.setsockopt(zmq.RCVTIMEO, 60_000)
     dealer.connect(f"tcp://127.0.0.1:{ports.get(timeout=60)}")
+    ids = UuidIds()
     try:
         send(dealer, b"hello")
         started = cpu()
-        for n in range(count):
+        for _ in range(count):
             send(dealer, b"", more)
             send(dealer, V, more)
             send(dealer, b"REQUEST", more)
-            send(dealer, b"%d" % n, more)
+            send(dealer, ids(), more)
             send(dealer, b"default", more)
             send(dealer, b"", more)
             send(dealer, BODY)
             send(dealer, b"", more)
             send(dealer, V, more)
             send(dealer, b"READY", more)
-            send(dealer, b"r")
+            send(dealer, ids())
         sent = cpu() - started
         recv(dealer)  # the first frame back: the peer has all and is answering
         time.sleep(max(1.0, count / 50_000))  # let the rest arrive before counting

@@ -14,8 +14,6 @@ LEAD_FRAMES = 3
 """Frames a message may share with the one before, taken in one comparison."""
 MAX_LEAD = 256
 """Wire bytes of those frames beyond which they are not remembered."""
-MAX_REST = 16
-"""Wire bytes of the frames after them remembered too (a message repeating whole)."""
 
 
 class MessageDecoder:
@@ -42,8 +40,9 @@ class MessageDecoder:
 
     A message whose first ``LEAD_FRAMES`` frames are, byte for byte, those of
     the message before it (eMQP's ``'' | eMQP/1.0 | REQUEST`` again and
-    again) takes them in one ``startswith`` and shares their bodies, and so
-    does the short rest of one that repeats whole (the bench's READY).
+    again) takes them in one ``startswith`` and shares their bodies.  Nothing
+    after them is remembered: real peers (eventmq's client and job manager)
+    put a fresh msgid in every message, so none repeats whole.
     """
 
     def __init__(self, max_message: int, max_frames: int) -> None:
@@ -55,11 +54,9 @@ class MessageDecoder:
         self._need = 0  # bytes the first incomplete frame needs in all
         self._parts: list[bytes] = []  # frames of the message in progress
         self._size = 0  # its wire size so far
-        # the wire bytes of the last message's first LEAD_FRAMES frames and
-        # those frames, and of the rest of the last one that took them if short
-        self._lead = self._rest = b""
+        # the wire bytes of the last message's first LEAD_FRAMES frames and those frames
+        self._lead = b""
         self._lead_parts: list[bytes] = []
-        self._rest_parts: list[bytes] = []
 
     def buffered(self) -> int:
         """Bytes of an incomplete frame held."""
@@ -111,26 +108,18 @@ class MessageDecoder:
         parts, size = self._parts, self._size
         max_message, max_frames = self.max_message, self.max_frames
         lead, lead_parts = self._lead, self._lead_parts
-        rest, rest_parts = self._rest, self._rest_parts
-        lead_size, rest_size = len(lead), len(rest)
+        lead_size = len(lead)
         offset, end = 0, len(data)
         # where the message in progress starts in this chunk, if all of its
         # frames are here and contiguous (-1: not), so its first frames can be
-        # remembered as the next lead; and where its frames after a lead taken
-        # start (to remember the rest)
-        first = after_lead = -1
+        # remembered as the next lead
+        first = -1
         try:
             while end - offset >= 2:
                 if not parts:
                     if lead and data.startswith(lead, offset):
                         offset += lead_size
-                        if rest and data.startswith(rest, offset):
-                            # the whole message again (the bench's READY, say)
-                            offset += rest_size
-                            out.append(lead_parts + rest_parts)
-                            continue
                         parts, size = lead_parts.copy(), lead_size
-                        after_lead = offset
                         continue
                     first = offset
                 # the common frames, short message frames (0-255 bytes), in a
@@ -170,8 +159,7 @@ class MessageDecoder:
                     if flags & COMMAND:
                         out.append(data[start:stop])
                         offset = stop
-                        # a message around it is not contiguous
-                        first = after_lead = -1
+                        first = -1  # a message around it is not contiguous
                         continue
                     size += stop - offset
                     offset = stop
@@ -190,13 +178,8 @@ class MessageDecoder:
                     if lead_end - first <= MAX_LEAD and data[first:lead_end] != lead:
                         lead, lead_parts = data[first:lead_end], parts[:LEAD_FRAMES]
                         lead_size = len(lead)
-                        rest, rest_size = b"", 0  # it followed another lead
-                elif (after_lead >= 0 and offset - after_lead <= MAX_REST
-                        and data[after_lead:offset] != rest):
-                    rest, rest_parts = data[after_lead:offset], parts[LEAD_FRAMES:]
-                    rest_size = len(rest)
                 parts, size = [], 0
-                first = after_lead = -1
+                first = -1
             # the incomplete frame left, if any: its flags and size are checked now
             found = _header(data, offset, max_message)
         except ZMTPError as e:
@@ -204,7 +187,6 @@ class MessageDecoder:
             return out
         self._parts, self._size = parts, size
         self._lead, self._lead_parts = lead, lead_parts
-        self._rest, self._rest_parts = rest, rest_parts
         self._keep(data, offset, found[2] - offset if found else _header_size(data[offset:]))
         return out
 

@@ -70,6 +70,20 @@ def test_find_control_matches_the_checks_at_the_edges():
     assert find_control(b"\x20\x7e\x80") is None
 
 
+def test_every_byte_value_is_checked_as_find_control_would():
+    # the checks test a translation, not find_control's search: each of the
+    # 256 byte values, alone and inside a uuid-shaped id, gets the same verdict
+    limits = Limits()
+    for n in range(256):
+        for value in (bytes([n]), b"0c1e5b2a-7d2e-4f0b-9c3a-" + bytes([n]) + b"5e2f1a6b7c8"):
+            try:
+                limits.check_id(value)
+                passed = True
+            except LimitError:
+                passed = False
+            assert passed == (find_control(value) is None), value
+
+
 def test_ids_have_their_own_length_and_the_callers_error_type():
     assert SMALL.check_id(b"123456") == b"123456"
     with pytest.raises(KeyError, match="request id of 7 bytes"):

@@ -198,7 +198,7 @@ _REPEATS = [
                       st.lists(st.binary(max_size=40), max_size=4)),
             st.lists(st.binary(max_size=40), min_size=1, max_size=5),
             st.binary(max_size=20).map(lambda data: codec.ping_command(0, data)),
-            # messages that repeat whole (the bench's READY), or all but their end
+            # messages that repeat whole, or all but their end (READYs)
             st.sampled_from(_REPEATS),
             # short frames sent with 8-byte sizes, which ZMTP allows
             st.lists(st.binary(max_size=40), min_size=1, max_size=5).map(
@@ -256,6 +256,16 @@ def test_a_command_inside_a_message_is_never_taken_as_part_of_a_lead():
     frames = [b"", b"v", b"cmd", b"1"]
     assert decoder.feed(with_ping + with_ping) == [ping_body, frames, ping_body, frames]
     assert decoder.feed(message + with_ping + message) == [frames, ping_body, frames, frames]
+
+
+def test_readys_with_a_fresh_msgid_each_share_only_their_first_frames():
+    # what eventmq's job manager sends: a new uuid4 msgid in every READY
+    ids = [b"%036x" % n for n in range(5)]
+    decoder = MessageDecoder(1000, 64)
+    got = decoder.feed(b"".join(codec.encode_message([b"", b"eMQP/1.0", b"READY", i])
+                                for i in ids))
+    assert got == [[b"", b"eMQP/1.0", b"READY", i] for i in ids]
+    assert len({id(frames[2]) for frames in got}) == 1  # the lead's bodies, shared
 
 
 def test_a_message_that_repeats_whole_is_a_list_of_its_own():

@@ -15,6 +15,7 @@ from typing import Any
 from twisted.logger import Logger
 
 from mqserver.broker.overflow import QueueFullError
+from mqserver.limits import CONTROL_MARKS
 from mqserver.protocols.emqp import codec
 from mqserver.protocols.emqp.codec import (
     REQUEST,
@@ -67,7 +68,7 @@ class FrontendHandler(EndpointHandler):
         if service.draining or connection is None:  # everything is refused, with a log line
             super().handle_run(router, identity, messages)
             return
-        check_id, valid_jobs = service.limits.check_id, self._valid_jobs
+        max_id, valid_jobs = service.limits.max_id, self._valid_jobs
         schedulers, route = service.schedulers, service.route_request
         publishing = connection.publisher
         replies: list[bytes] = []  # REPLYs that go out together, before anything else
@@ -80,7 +81,10 @@ class FrontendHandler(EndpointHandler):
                     continue
                 _, _, _, msgid, queue, headers, payload = frames
                 try:
-                    check_id(msgid, "msgid", EMQPError)
+                    # ``Limits.check_id``'s fast test, inlined: a fresh msgid in each
+                    if not (0 < len(msgid) <= max_id and (
+                            msgid.isalnum() or msgid.translate(CONTROL_MARKS).isalnum())):
+                        raise EMQPError("msgid")  # the long way says why
                     if schedulers:  # liveness, recorded as message_received does
                         self._seen(identity)
                     if (queue, headers) not in valid_jobs:
