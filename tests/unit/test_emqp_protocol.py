@@ -71,10 +71,10 @@ class Peer:
 
 
 class Harness:
-    def __init__(self, **options) -> None:
+    def __init__(self, store=None, **options) -> None:
         self.clock = Clock()
         self.clock.advance(START)
-        self.broker = Broker(MemoryStore(), self.clock)
+        self.broker = Broker(store or MemoryStore(), self.clock)
         self.stopped: list[bool] = []
         self.service = EMQPService(
             self.broker, on_disconnect=lambda: self.stopped.append(True), **options
@@ -709,6 +709,104 @@ def test_a_request_to_a_full_queue_gets_an_error(h):
     h.broker.reconfigure(b"default", add=[b"topic"])
     client.send(codec.PUBLISH, b"topic", b"x", msgid=b"p2")
     assert [(m[2], m[4]) for m in client.recv()] == [(b"ERROR", b"p2")]
+
+
+class GatedStore(MemoryStore):
+    """A durable store whose batches stay unapplied until the test fires them."""
+
+    durable = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gates: list[Deferred[None]] = []
+
+    def apply(self, ops) -> Deferred[None]:
+        gate: Deferred[None] = Deferred()
+        self.gates.append(gate)
+        return gate
+
+
+def _counting_writes(peer: Peer) -> list[bytes]:
+    """Every ``transport.write`` of ``peer``'s connection from now on."""
+    writes: list[bytes] = []
+    write = peer.transport.write
+    peer.transport.write = lambda data: (writes.append(data), write(data))[1]
+    return writes
+
+
+def _durable_harness() -> tuple[Harness, GatedStore, list[int]]:
+    """A harness on a ``GatedStore``, with a count of the broker's durability waits."""
+    store = GatedStore()
+    h = Harness(store)
+    waits = [0]
+    wait = h.broker.writer.wait
+
+    def counted() -> Deferred[None]:
+        waits[0] += 1
+        return wait()
+
+    h.broker.writer.wait = counted
+    return h, store, waits
+
+
+def _requests(msgids: list[bytes], queue: bytes = b"default") -> bytes:
+    return b"".join(zmtp.encode_message([b"", V, codec.REQUEST, m, queue, b"", b"x"])
+                    for m in msgids)
+
+
+def test_a_run_of_requests_on_a_durable_store_is_answered_after_one_wait_in_one_write():
+    h, store, waits = _durable_harness()
+    client = h.client()
+    writes = _counting_writes(client)
+    msgids = [b"r%d" % n for n in range(1000)]
+    client.protocol.dataReceived(_requests(msgids))
+    h.clock.advance(0)
+    assert waits == [1] and len(store.gates) == 1  # one wait, one batch, for the run
+    assert client.recv() == [] and writes == []  # nothing before the run is durable
+    store.gates[0].callback(None)
+    answers = client.recv()
+    assert len(writes) == 1  # every answer in one write
+    assert [(a[2], a[4]) for a in answers] == [(codec.REPLY, m) for m in msgids]
+    assert [m.id for m in h.broker.queues[b"default"].ready] == msgids
+
+
+def test_a_run_of_requests_on_a_memory_store_is_answered_at_once_in_one_write(h):
+    client = h.client()
+    writes = _counting_writes(client)
+    msgids = [b"r%d" % n for n in range(1000)]
+    client.protocol.dataReceived(_requests(msgids))
+    assert len(writes) == 1  # in the chunk's own write, without a reactor turn
+    assert [(a[2], a[4]) for a in client.recv()] == [(codec.REPLY, m) for m in msgids]
+
+
+def test_a_durable_run_keeps_refusals_in_their_place_among_the_accepts():
+    h, store, waits = _durable_harness()
+    h.broker.declare_queue(b"default", QueueOptions(max_length=2, overflow="reject-publish"))
+    h.worker(queues=b'[[1, "x"]]')  # x is known: its requests are stored in it
+    h.clock.advance(0)
+    store.gates.pop().callback(None)  # the batch that declared it
+    client = h.client()
+    # another queue between: a run is cut where the queue changes, the wait is not
+    client.protocol.dataReceived(_requests([b"r0", b"r1", b"r2"]) + _requests([b"s0"], b"x")
+                                 + _requests([b"r3"]))
+    h.clock.advance(0)
+    assert waits == [1] and client.recv() == []
+    store.gates.pop().callback(None)
+    assert [(a[2], a[4]) for a in client.recv()] == [
+        (codec.REPLY, b"r0"), (codec.REPLY, b"r1"), (codec.ERROR, b"r2"),
+        (codec.REPLY, b"s0"), (codec.ERROR, b"r3"),
+    ]
+
+
+def test_a_failed_batch_sends_no_accept():
+    h, store, _ = _durable_harness()
+    client = h.client()
+    with capturedLogs() as events:
+        client.protocol.dataReceived(_requests([b"r0", b"r1"]))
+        h.clock.advance(0)
+        store.gates[0].errback(OSError("disk full"))
+    assert client.recv() == []
+    assert any("storing a request failed; no answer sent" in formatEvent(e) for e in events)
 
 
 def test_clients_that_publish_are_paused_by_the_memory_alarm(h):

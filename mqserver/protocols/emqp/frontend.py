@@ -5,6 +5,11 @@ A REQUEST is answered ``REPLY <msgid>`` once it is stored (durable with a
 durable store), which is the moment the broker has taken responsibility for
 it; the original sent it when a worker got the job and never when the job
 waited.  SCHEDULE and UNSCHEDULE get ``ACK <msgid>`` the same way.
+
+The answers to a run of REQUESTs (consecutive ones in one received chunk)
+are held in order and go out in one write: at once on a memory store, after
+one durability wait for the whole run on a durable one, never a wait per
+request.
 """
 
 from __future__ import annotations
@@ -115,8 +120,9 @@ class FrontendHandler(EndpointHandler):
         entries: list[tuple[bytes, bytes]], replies: list[bytes],
     ) -> None:
         """Store ``entries`` (requests, in order) in ``target`` as one run and
-        answer each: ``REPLY`` once stored, ``ERROR ... QueueFull`` for one a
-        full queue refused (reject-publish), the ones after it tried again."""
+        add each one's answer to ``replies``: ``REPLY`` (sent once stored),
+        ``ERROR ... QueueFull`` for one a full queue refused (reject-publish),
+        the ones after it tried again."""
         publish_run = self.service.broker.publish_to_queue_run
         while entries:
             try:
@@ -125,16 +131,11 @@ class FrontendHandler(EndpointHandler):
             except QueueFullError as e:
                 stored, refused = entries[:e.stored], e
             if stored:
-                answers = encode_replies([msgid for msgid, _ in stored])
-                if self.service.broker.writer is None:
-                    replies.append(answers)
-                else:
-                    self._when_stored(identity, answers)
+                replies.append(encode_replies([msgid for msgid, _ in stored]))
             if refused is None:
                 break
-            self._send_replies(identity, replies)
             msgid = entries[len(stored)][0]
-            self._refuse(identity, codec.Envelope(REQUEST, msgid, []), refused)
+            replies.append(self._refusal(identity, codec.Envelope(REQUEST, msgid, []), refused))
             entries[:] = entries[len(stored) + 1:]
         entries.clear()
 
@@ -147,8 +148,10 @@ class FrontendHandler(EndpointHandler):
         self.message_received(router, identity, frames)
 
     def _send_replies(self, identity: bytes, replies: list[bytes]) -> None:
+        """The answers held, in order, in one write, once what was stored so far
+        is durable: one wait for a run of requests, however long."""
         if replies:
-            self._send_encoded(identity, b"".join(replies))
+            self._when_stored(identity, b"".join(replies))
             replies.clear()
 
     def message_received(
@@ -210,13 +213,17 @@ class FrontendHandler(EndpointHandler):
             self.service.broker.flow.publishing(connection)
 
     def _refuse(self, identity: bytes, envelope: codec.Envelope, error: QueueFullError) -> None:
+        self._send_encoded(identity, self._refusal(identity, envelope, error))
+
+    @staticmethod
+    def _refusal(identity: bytes, envelope: codec.Envelope, error: QueueFullError) -> bytes:
         """``ERROR <new msgid> <request msgid> QueueFull <text>``, laid out like the ``REPLY``
-        and ``ACK`` that name a request: it was not stored (reject-publish)."""
+        and ``ACK`` that name a request: it was not stored (reject-publish); logged."""
         log.warn("emqp: {cmd} {msgid!r} from {id} refused: {e}",
                  cmd=envelope.command.decode("ascii", "replace"), msgid=envelope.msgid,
                  id=describe(identity), e=error)
-        self._send(identity, codec.message(codec.ERROR, envelope.msgid, codec.QUEUE_FULL,
-                                           str(error).encode("utf-8")))
+        return codec.encode(codec.ERROR, codec.new_msgid(), envelope.msgid, codec.QUEUE_FULL,
+                            str(error).encode("utf-8"))
 
     # -- commands -----------------------------------------------------------
 
