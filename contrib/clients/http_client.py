@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The HTTP API with treq, raw: what ``mqserver.client.HTTPClient`` wraps.
 
-Creates a queue, publishes a message, long-polls it as a named consumer,
-acks it and deletes the queue.  It needs only ``treq`` (not mqserver), so it
+Creates a queue, publishes a message and then a batch of two (one request,
+one broker run), long-polls them as a named consumer, acks all three in one
+request and deletes the queue.  It needs only ``treq`` (not mqserver), so it
 is also the template for a Twisted service that talks to a broker it does
 not ship with.  Changes need the server's ``--http-token``.
 
@@ -49,15 +50,23 @@ def main(reactor: Any, base: str, token: str | None) -> Any:
     published = yield call("POST", f"{queue}/messages", token,
                            json={"body": "hello from treq", "headers": {"kind": "greeting"}})
     print(f"ok published {published['id']}")
+    # many at once: a JSON array (or NDJSON), ids answered in order; ?durable=true
+    # would answer once the store has them all
+    sent = yield call("POST", f"{queue}/messages/batch", token,
+                      json=[{"body": "second"}, {"body": "third", "ttl": 60}])
+    print(f"ok published a batch of {sent['count']}")
     batch = yield call("POST", f"{queue}/consume", token,
                        json={"consumer": "example-worker", "max": 10, "timeout": 5})
-    [message] = batch["messages"]
-    if message["body"] != "hello from treq" or message["headers"] != {"kind": "greeting"}:
-        raise StepFailedError(f"consumed the wrong message: {message}")
-    print("ok consumed it")
-    yield call("POST", f"{queue}/ack", token,
-               json={"consumer": "example-worker", "ids": [message["id"]]})
-    print("ok acked")
+    messages = batch["messages"]
+    if [m["body"] for m in messages] != ["hello from treq", "second", "third"] \
+            or messages[0]["headers"] != {"kind": "greeting"}:
+        raise StepFailedError(f"consumed the wrong messages: {messages}")
+    print(f"ok consumed {len(messages)}")
+    acked = yield call("POST", f"{queue}/ack", token,
+                       json={"consumer": "example-worker", "ids": [m["id"] for m in messages]})
+    if len(acked["settled"]) != 3:
+        raise StepFailedError(f"not every message was acked: {acked}")
+    print("ok acked them")
     yield call("DELETE", queue, token)
     print("ok queue deleted")
     print("done")

@@ -1,7 +1,7 @@
 """Fuzz target: HTTP/1.1 bytes into the real API site (twisted.web's parser and our routes).
 
 First byte: bit 0 builds whole requests from the bytes (method, path, query,
-headers and a JSON-ish body chosen by ``FuzzedDataProvider``, with the
+headers and a JSON-ish body chosen by ``FuzzedDataProvider``, batches too, with the
 right token most of the time) instead of feeding the bytes as they are, and
 the rest is the chunk size.  Time then moves on, so long polls and consumer
 leases expire.  Bugs: an exception out of ``dataReceived``, a logged failure
@@ -26,6 +26,7 @@ PATHS = [
     b"/api/queues", b"/api/queues/{q}", b"/api/queues/{q}/purge", b"/api/queues/{q}/messages",
     b"/api/queues/{q}/consume", b"/api/queues/{q}/ack", b"/api/queues/{q}/reject",
     b"/api/queues/{q}/bindings", b"/api/queues/{q}/bindings/{q}", b"/api/events/{q}",
+    b"/api/queues/{q}/messages/batch", b"/api/events/{q}/batch",
     b"/api/consumers", b"/api/connections", b"/api/connections/{q}", b"/static/{q}",
 ]
 NAMES = [b"q", b"q2", b"e.x", b"%00", b"%ff%fe", b"a%2Fb", b"", b"x" * 70, b"..", b"*"]
@@ -50,12 +51,16 @@ def structured(data: bytes) -> bytes:
                for _ in range(fdp.ConsumeIntInRange(0, 5))}
         body = json.dumps(obj).encode() if fdp.ConsumeIntInRange(0, 3) else \
             fdp.ConsumeBytes(fdp.ConsumeIntInRange(0, 60))
+        if fdp.ConsumeIntInRange(0, 3) == 0:  # a batch of copies: a JSON array, or NDJSON
+            copies = [body] * fdp.ConsumeIntInRange(0, 4)
+            body = b"[" + b",".join(copies) + b"]" if fdp.ConsumeBool() else b"\n".join(copies)
         headers = [b"Host: fuzz"]
         if fdp.ConsumeIntInRange(0, 4):
             headers.append(b"Authorization: Bearer " + TOKEN.encode())
         if fdp.ConsumeBool():
             headers.append(b"Content-Type: " + fdp.PickValueInList(
-                [b"application/json", b"text/plain", b"application/x-www-form-urlencoded"]))
+                [b"application/json", b"text/plain", b"application/x-www-form-urlencoded",
+                 b"application/x-ndjson"]))
         if fdp.ConsumeIntInRange(0, 7):
             headers.append(b"Content-Length: %d" % len(body))
         else:
