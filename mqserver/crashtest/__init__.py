@@ -17,8 +17,9 @@ ephemeral ports and:
      and acks, rejects (``--confirm``) or holds what it takes from ``q``,
      ``r`` and ``r0``;
    - HTTP (``http.py``) publishes durably to ``r``, ``r0`` and ``p`` with
-     ``x-max-retries`` 0 to 2 and to the event of ``t`` and ``t0`` with a
-     TTL of 0.5 or 600 s, and purges ``u``;
+     ``x-max-retries`` 0 to 2 (a third of them batches of 2 to 5) and to
+     the event of ``t`` and ``t0`` with a TTL of 0.5 or 600 s, and purges
+     ``u``;
    - PHPMQ (``phpmq.py``) takes ``p`` and acks (004), requeues with a TTL
      (005) or dead-letters (006);
    - eMQP (``emqp.py``) sends REQUESTs with ``retry-count`` and ``timeout``

@@ -1,6 +1,8 @@
 """HTTP client of the crash test: set-up, durable publishes with headers and TTLs, purge.
 
-Publishes ask ``"durable": true``, so their 201 says they are durable.  A
+Publishes ask ``"durable": true``, so their 201 says they are durable; a
+third of those to a queue are batches of two to five (one request, one
+broker run, one durability wait), whose 201 says every one of them is.  A
 purge is answered once applied, not once durable: a barrier
 (``mqks.Barrier``) makes it so.  It drops every copy of ``u`` whose publish
 was confirmed before the purge was sent; copies published while it was in
@@ -26,7 +28,7 @@ class Client:
     def __init__(self, port: int) -> None:
         self.connection = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
 
-    def call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+    def call(self, method: str, path: str, body: Any = None) -> Any:
         headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         self.connection.request(method, path, json.dumps(body or {}), headers)
         response = self.connection.getresponse()
@@ -67,6 +69,7 @@ class Publisher:
     def _publish(self, mid: str) -> None:
         ledger, rng = self.ledger, self.rng
         body: dict[str, Any] = {"id": mid, "body": body_of(mid).decode(), "durable": True}
+        payload: Any = body
         with ledger.lock:
             now = time.time()
             if rng.random() < 0.25:
@@ -80,9 +83,16 @@ class Publisher:
                 limit = rng.choice((0, 1, 2))
                 body["headers"] = {"x-max-retries": str(limit)}
                 path = f"/api/queues/{queue}/messages"
-                copies = [ledger.publish(mid, queue, dead_letter(queue), now)]
-                copies[0].limit = limit
-        self.client.call("POST", path, body)
+                messages = [body]
+                if rng.random() < 1 / 3:  # a batch: one request, one run, one durability wait
+                    path += "/batch"
+                    more = [f"{mid}b{n}" for n in range(rng.randint(1, 4))]
+                    messages += [{**body, "id": m, "body": body_of(m).decode()} for m in more]
+                    payload = messages
+                copies = [ledger.publish(m["id"], queue, dead_letter(queue), now) for m in messages]
+                for copy in copies:
+                    copy.limit = limit
+        self.client.call("POST", path, payload)
         with ledger.lock:
             for copy in copies:
                 copy.confirmed_at = time.time()
