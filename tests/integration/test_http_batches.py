@@ -3,7 +3,8 @@
 A durable batch of 1000 is answered once SQLite has all of it: the server is
 killed with SIGKILL the moment the answer comes, and what restarts must hold
 every message, in order.  Acks of a whole delivery batch go in one request,
-and acked messages stay gone after a second kill.
+and acked messages stay gone after a second kill.  Durable single publishes
+that arrive together share the store's commits.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import pytest_twisted
 import treq
 from treq.client import HTTPClient as TreqClient
 from twisted.internet import reactor
+from twisted.internet.defer import gatherResults
 from twisted.web.client import Agent, HTTPConnectionPool
 
 from mqserver.client import APIError, HTTPClient, body_of
@@ -104,3 +106,25 @@ def test_batch_errors_over_the_wire(start_server, http):
     sent = yield client.publish_many("q", ["x"] * 250, batch_size=100)  # three requests
     assert sent["count"] == 250 and (yield client.queue("q"))["depth"] == 250
     assert "Traceback" not in server.text()
+
+
+@pytest_twisted.inlineCallbacks
+def test_concurrent_durable_single_publishes_share_commits(start_server, tmp_path):
+    """200 at once over 50 connections: a handful of commits (3 to 10 seen), not 200."""
+    server = start_server(f"--http={LISTEN}", f"--http-token={TOKEN}", "--storage=sqlite",
+                          f"--data-dir={tmp_path / 'data'}")
+    pool = HTTPConnectionPool(reactor, persistent=True)
+    pool.maxPersistentPerHost = 50
+    client = HTTPClient(f"http://127.0.0.1:{server.ports['http']}", token=TOKEN,
+                        http=TreqClient(Agent(reactor, pool=pool)))
+    try:
+        yield client.create_queue("q")
+        before = (yield client.health())["storage"]["batches"]
+        answers = yield gatherResults([client.publish("q", f"m{n}", durable=True)
+                                       for n in range(200)])
+        commits = (yield client.health())["storage"]["batches"] - before
+        assert (yield client.queue("q"))["depth"] == 200
+    finally:
+        yield pool.closeCachedConnections()
+    assert all(a["durable"] for a in answers)
+    assert 1 <= commits < 100, commits
