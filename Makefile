@@ -40,15 +40,19 @@ test: $(VENV)/.installed $(EVENTMQ_VENV)/.installed
 docs: $(VENV)/.installed
 	$(BIN)/sphinx-build -W --keep-going -b html docs docs/_build/html
 
-# The benchmark suite's peers (docs/performance.md): Debian's beanstalkd and
-# redis-server, installed without their services running (the bench starts
-# its own on loopback ports).  `make bench` runs the whole suite.
+# The benchmark suite's peers (docs/performance.md): Debian's beanstalkd,
+# redis-server, nats-server and rabbitmq-server, installed without their
+# services running (the bench starts its own on loopback ports; `epmd -kill`
+# stops the epmd that RabbitMQ's init script starts even to stop the node).
+# `make bench` runs the whole suite.
+BENCH_PEERS = beanstalkd redis-server nats-server rabbitmq-server
 bench-setup:
 	sudo=""; [ "$$(id -u)" -eq 0 ] || sudo="sudo"; \
 	$$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-	    beanstalkd redis-server && \
-	{ $$sudo systemctl disable --now beanstalkd redis-server 2>/dev/null || \
-	  { $$sudo service beanstalkd stop; $$sudo service redis-server stop; } 2>/dev/null || true; }
+	    $(BENCH_PEERS) && \
+	{ $$sudo systemctl disable --now $(BENCH_PEERS) epmd.socket epmd 2>/dev/null || \
+	  { for s in $(BENCH_PEERS); do $$sudo service $$s stop; done; $$sudo epmd -kill; } \
+	    >/dev/null 2>&1 || true; }
 
 # Debian's PostgreSQL server, for the --storage=postgres tests (.ci/run does
 # the same): the tests start their own clusters on free loopback ports, as the

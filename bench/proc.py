@@ -1,6 +1,6 @@
 """Processes under test: start, wait for a port, read CPU and RSS, stop by PID.
 
-Every server the bench runs (mqserver, beanstalkd, redis-server) is one
+Every server the bench runs (mqserver, beanstalkd, redis-server, ...) is one
 child process on 127.0.0.1 with its output in a log file (a pipe nobody
 reads would block a chatty server), stopped by its own PID, never by name.
 """
@@ -12,6 +12,7 @@ import re
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -31,15 +32,16 @@ class Companion(Protocol):
 class Server:
     """A started child process with a log file, the ports it listens on, and its companions."""
 
-    def __init__(self, name: str, argv: list[str], workdir: Path) -> None:
+    def __init__(self, name: str, argv: list[str], workdir: Path,
+                 env: dict[str, str] | None = None) -> None:
         self.name = name
         self.workdir = workdir
         self.log_path = workdir / f"{name}.log"
         self.ports: dict[str, int] = {}
         self.companions: list[Companion] = []
         with open(self.log_path, "wb") as log:
-            self.process = subprocess.Popen(argv, cwd=workdir, stdout=log,
-                                            stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(argv, cwd=workdir, stdout=log, env=env,
+                                            stdin=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
     @property
     def pid(self) -> int:
@@ -102,6 +104,16 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def ready(server: Server, wait: Callable[[Server], None]) -> Server:
+    """``server`` once ``wait(server)`` returned; stopped (companions too) if it raised."""
+    try:
+        wait(server)
+    except BaseException:
+        server.stop()
+        raise
+    return server
 
 
 def wait_port(server: Server, port: int, timeout: float = 30.0) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,17 @@ TARGETS = [
            None, 300.0, at_most=True),
     Target("journal on ≥ 80% of off (MQKS memory W1 total)",
            ("w1", "mqks/memory+journal", "total"), ("w1", "mqks/memory", "total"), 0.8),
+    # issue 19: every publish confirmed (W1c)
+    Target("MQKS memory W1c total ≥ 0.9x MQKS memory W1", ("w1c", "mqks/memory", "total"),
+           ("w1", "mqks/memory", "total"), 0.9),
+    Target("MQKS memory W1c total ≥ 0.8x Redis W1c", ("w1c", "mqks/memory", "total"),
+           ("w1c", "redis", "total"), 0.8),
+    Target("MQKS memory W1c total ≥ 2x JetStream memory W1c", ("w1c", "mqks/memory", "total"),
+           ("w1c", "jetstream-memory", "total"), 2.0),
+    Target("log interval:50 W3c total ≥ 1x JetStream file W3c (no fsync)",
+           ("w1c", "mqks/log-interval", "total"), ("w1c", "jetstream-file", "total"), 1.0),
+    Target("log interval:50 W3c total ≥ 3x RabbitMQ quorum W3c",
+           ("w1c", "mqks/log-interval", "total"), ("w1c", "rabbitmq-quorum", "total"), 3.0),
 ]
 
 
@@ -57,10 +69,10 @@ def figures(workload: str, r: dict[str, Any]) -> dict[str, float]:
     """The figures of one round (rates in msgs/s, CPU in % of the round's wall time)."""
     out = {"client_cpu": 100 * r["client_cpu"] / r["wall"],
            "server_cpu": 100 * r["server_cpu"] / r["wall"]}
-    if workload in ("w1", "w2"):
+    if workload in ("w1", "w1c", "w2"):
         # the server's CPU per message: what it costs, however busy the machine
         out["server_us"] = 1e6 * r["server_cpu"] / r["count"]
-    if workload == "w1":
+    if workload in ("w1", "w1c"):
         out.update(produce=r["count"] / r["produce"], drain=r["count"] / r["drain"],
                    total=r["count"] / r["wall"])
     elif workload == "w2":
@@ -107,14 +119,18 @@ def targets(summary: dict[str, Any]) -> list[dict[str, Any]]:
 
 def tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
     """(title, header, rows) for each workload measured, then the targets."""
-    beanstalkd = lookup(summary, ("w1", "beanstalkd", "total"))
-    layouts = {
-        "w1": ("W1 / W3 (publish all, then drain; W3 = a durable backend)",
-               ["system", "produce msgs/s", "drain msgs/s", "total msgs/s", "x beanstalkd",
-                "client CPU", "server CPU", "server us/msg"],
-               lambda f: [rate(f["produce"]), rate(f["drain"]), rate(f["total"]),
+    def w1_row(workload: str) -> Callable[[dict[str, float]], list[str]]:
+        beanstalkd = lookup(summary, (workload, "beanstalkd", "total"))
+        return lambda f: [rate(f["produce"]), rate(f["drain"]), rate(f["total"]),
                           f"{f['total'] / beanstalkd:.2f}" if beanstalkd else "-",
-                          pct(f["client_cpu"]), pct(f["server_cpu"]), f"{f['server_us']:.1f}"]),
+                          pct(f["client_cpu"]), pct(f["server_cpu"]), f"{f['server_us']:.1f}"]
+
+    w1_header = ["system", "produce msgs/s", "drain msgs/s", "total msgs/s", "x beanstalkd",
+                 "client CPU", "server CPU", "server us/msg"]
+    layouts = {
+        "w1": ("W1 / W3 (publish all, then drain; W3 = a durable backend)", w1_header,
+               w1_row("w1")),
+        "w1c": ("W1c / W3c (W1 / W3 with every publish confirmed)", w1_header, w1_row("w1c")),
         "w2": ("W2 (producer and consumer at once)",
                ["system", "end-to-end msgs/s", "client CPU", "server CPU", "server us/msg"],
                lambda f: [rate(f["total"]), pct(f["client_cpu"]), pct(f["server_cpu"]),

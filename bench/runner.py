@@ -9,6 +9,7 @@ import tempfile
 import time
 import traceback
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from bench.proc import Server
 from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
 
-WORKLOADS = ("w1", "w2", "paced", "memory")
+WORKLOADS = ("w1", "w1c", "w2", "paced", "memory")
 
 
 @dataclass
@@ -111,7 +112,8 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
         return workloads.paced(system.client, server, queue, options.paced_messages,
                                options.size, options.paced_rate)
     count = max(1, int(options.messages * system.scale))
-    run_round = workloads.w1 if workload == "w1" else workloads.w2
+    run_round = workloads.w2 if workload == "w2" else partial(
+        workloads.w1, confirm_each=workload == "w1c")
     journaled = system.server.endswith("+journal")
     if number == 0:
         # untimed, a tenth of a round: a system's first round would otherwise
@@ -155,7 +157,8 @@ def meta(options: Options, elapsed: float) -> dict[str, Any]:
                    f"{platform.release()}",
         "python": platform.python_version(),
         "mqserver": mqserver.__version__,
-        "peers": {binary: version(binary) for binary in ("beanstalkd", "redis-server")}
+        "peers": {binary: version(binary)
+                  for binary in ("beanstalkd", "redis-server", "nats-server", "rabbitmq-server")}
                  | {"postgres": database.version()},
         "options": {k: v for k, v in vars(options).items() if k != "verbose"},
         "elapsed_s": round(elapsed, 1),

@@ -5,10 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bench.clients import LoadClient
+from bench.clients.amqp import AMQPClient, DurableAMQPClient, QuorumAMQPClient
 from bench.clients.beanstalk import BeanstalkClient
 from bench.clients.emqp import EMQPClient
 from bench.clients.http import HTTPClient
 from bench.clients.mqks import MQKSClient
+from bench.clients.nats import JetStreamClient, JetStreamFileClient
 from bench.clients.phpmq import PHPMQClient
 from bench.clients.redis import RedisClient
 from bench.peers import PEERS
@@ -17,9 +19,21 @@ from bench.servers import STORAGES
 PROTOCOLS: dict[str, type[LoadClient]] = {
     "mqks": MQKSClient, "phpmq": PHPMQClient, "emqp": EMQPClient, "http": HTTPClient,
 }
+#: peer system -> (the PEERS server it runs on, its client)
+PEER_SYSTEMS: dict[str, tuple[str, type[LoadClient]]] = {
+    **{name: (name, BeanstalkClient) for name in ("beanstalkd", "beanstalkd-b", "beanstalkd-b-f0")},
+    **{name: (name, RedisClient) for name in ("redis", "redis-aof-everysec", "redis-aof-always")},
+    "jetstream-memory": ("jetstream", JetStreamClient),
+    "jetstream-file": ("jetstream", JetStreamFileClient),
+    "rabbitmq": ("rabbitmq", AMQPClient),
+    "rabbitmq-durable": ("rabbitmq", DurableAMQPClient),
+    "rabbitmq-quorum": ("rabbitmq", QuorumAMQPClient),
+}
+#: setups (a storage setup, or a peer system) that keep what they took on disk
 DURABLE = {"sqlite", "log-interval", "log-always", "beanstalkd-b", "beanstalkd-b-f0",
-           "redis-aof-everysec", "redis-aof-always", "postgres"}
-IN_MEMORY = {"memory", "beanstalkd", "redis"}
+           "redis-aof-everysec", "redis-aof-always", "postgres", "jetstream-file",
+           "rabbitmq-durable", "rabbitmq-quorum"}
+IN_MEMORY = {"memory", "beanstalkd", "redis", "jetstream-memory", "rabbitmq"}
 EMQP_SCALE = 0.5
 PEER_SCALE = {"beanstalkd-b-f0": 0.02}
 MEMORY = {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"}
@@ -29,7 +43,7 @@ MEMORY = {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redi
 class System:
     """One client kind against one server setup."""
 
-    name: str  #: "mqks/memory", "beanstalkd-b-f0", ...
+    name: str  #: "mqks/memory", "beanstalkd-b-f0", "rabbitmq-quorum", ...
     server: str  #: a key of STORAGES (an mqserver) or of PEERS
     client: type[LoadClient]
     scale: float = 1.0  #: share of N it runs (see ``all_systems``)
@@ -39,12 +53,17 @@ class System:
         return self.server in PEERS
 
     @property
+    def setup(self) -> str:
+        """The storage setup ("memory", "log-always") or the peer system's name."""
+        return self.name.rsplit("/", 1)[-1]
+
+    @property
     def durable(self) -> bool:
-        return self.server in DURABLE
+        return self.setup in DURABLE
 
     @property
     def in_memory(self) -> bool:
-        return self.server in IN_MEMORY
+        return self.setup in IN_MEMORY
 
 
 def all_systems(http_scale: float) -> list[System]:
@@ -56,19 +75,22 @@ def all_systems(http_scale: float) -> list[System]:
     scale = {"http": http_scale, "emqp": EMQP_SCALE}
     systems = [System(f"{protocol}/{storage}", storage, client, scale.get(protocol, 1.0))
                for storage in STORAGES for protocol, client in PROTOCOLS.items()]
-    for peer in PEERS:
-        client = BeanstalkClient if peer.startswith("beanstalkd") else RedisClient
-        systems.append(System(peer, peer, client, PEER_SCALE.get(peer, 1.0)))
+    systems += [System(name, server, client, PEER_SCALE.get(name, 1.0))
+                for name, (server, client) in PEER_SYSTEMS.items()]
     return systems
 
 
 def workload_systems(workload: str, systems: list[System]) -> list[System]:
     """Which systems run ``workload``: W1 everything (it is W3 on a durable
-    backend); W2 the in-memory ones; paced latency the in-memory stream
-    protocols; memory MQKS per backend (the fsync mode does not change
-    what is kept) and the peers without persistence."""
+    backend); W1c (W1 with every publish confirmed) the systems whose client
+    can have each publish confirmed; W2 the in-memory ones; paced latency
+    the in-memory stream protocols; memory MQKS per backend (the fsync mode
+    does not change what is kept) and beanstalkd and Redis without
+    persistence."""
     if workload == "w1":
         return systems
+    if workload == "w1c":
+        return [s for s in systems if s.client.can_confirm_each]
     if workload == "w2":
         return [s for s in systems if s.in_memory]
     if workload == "paced":

@@ -1,4 +1,4 @@
-"""The workloads, one round each: W1 (W3 on a durable backend), W2, paced latency, memory.
+"""The workloads, one round each: W1 (W3 on a durable backend) and W1c, W2, paced latency, memory.
 
 Every round gets a fresh queue and fresh client connections, measures wall
 time with ``perf_counter``, the client's CPU (``getrusage``: every thread
@@ -49,10 +49,13 @@ def encoded(client: LoadClient, count: int, size: int) -> list[Any]:
     return [client.encode(payload[n:n + CHUNK]) for n in range(0, count, CHUNK)]
 
 
-def w1(make: ClientFactory, server: Server, queue: str, count: int, size: int) -> dict[str, Any]:
+def w1(make: ClientFactory, server: Server, queue: str, count: int, size: int,
+       confirm_each: bool = False) -> dict[str, Any]:
     """Publish ``count`` messages pipelined on one connection, then drain and
-    ack them on another."""
+    ack them on another.  With ``confirm_each`` (W1c) the broker confirms
+    every publish, not just the last."""
     client = make(server.ports, queue)
+    client.confirm_each = confirm_each
     try:
         chunks = encoded(client, count, size)
         meter = Meter(server)

@@ -2,9 +2,10 @@
 
 Real servers (every protocol on every storage setup, ``postgres`` on a
 PostgreSQL cluster the bench starts) and the peers that are installed
-(beanstalkd, redis-server: ``make bench-setup``; PostgreSQL: ``make
-postgres-setup``; a missing one is skipped by the bench, which says why).  No timing assertions: only that
-every workload produced positive figures and every message came back.
+(beanstalkd, redis-server, nats-server, rabbitmq-server: ``make
+bench-setup``; PostgreSQL: ``make postgres-setup``; a missing one is skipped
+by the bench, which says why).  No timing assertions: only that every
+workload produced positive figures and every message came back.
 """
 
 from __future__ import annotations
@@ -17,21 +18,36 @@ from pathlib import Path
 
 import pytest
 
-from bench import database
+from bench import database, rabbitmq
+from bench.report import TARGETS
+from bench.systems import PROTOCOLS as CLIENTS
 
 ROOT = Path(__file__).resolve().parent.parent
 STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always", "postgres")
 PROTOCOLS = ("mqks", "phpmq", "emqp", "http")
 PEERS = {"beanstalkd": "beanstalkd", "beanstalkd-b": "beanstalkd", "beanstalkd-b-f0": "beanstalkd",
          "redis": "redis-server", "redis-aof-everysec": "redis-server",
-         "redis-aof-always": "redis-server"}
+         "redis-aof-always": "redis-server", "jetstream-memory": "nats-server",
+         "jetstream-file": "nats-server", "rabbitmq": "rabbitmq-server",
+         "rabbitmq-durable": "rabbitmq-server", "rabbitmq-quorum": "rabbitmq-server"}
 #: workload -> the systems it runs (W1 also runs every protocol on every storage setup)
 EXPECTED = {
     "w1": {f"{p}/{s}" for p in PROTOCOLS for s in STORAGES} | set(PEERS),
-    "w2": {"mqks/memory", "phpmq/memory", "emqp/memory", "http/memory", "beanstalkd", "redis"},
-    "paced": {"mqks/memory", "phpmq/memory", "emqp/memory", "beanstalkd", "redis"},
+    # every peer confirms each publish; mqserver's protocols as their clients can
+    "w1c": {f"{p}/{s}" for p in PROTOCOLS for s in STORAGES if CLIENTS[p].can_confirm_each}
+           | set(PEERS),
+    "w2": {"mqks/memory", "phpmq/memory", "emqp/memory", "http/memory", "beanstalkd", "redis",
+           "jetstream-memory", "rabbitmq"},
+    "paced": {"mqks/memory", "phpmq/memory", "emqp/memory", "beanstalkd", "redis",
+              "jetstream-memory", "rabbitmq"},
     "memory": {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"},
 }
+
+
+def installed(binary: str) -> bool:
+    # Debian puts rabbitmq-server in /usr/sbin, off a plain user's PATH
+    return rabbitmq.missing() is None if binary == "rabbitmq-server" else bool(
+        shutil.which(binary))
 
 
 def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
@@ -44,7 +60,7 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
     result = json.loads(out.read_text())
     assert result["errors"] == []
 
-    missing = {peer for peer, binary in PEERS.items() if shutil.which(binary) is None}
+    missing = {peer for peer, binary in PEERS.items() if not installed(binary)}
     if database.missing():
         missing |= {f"{p}/postgres" for p in PROTOCOLS}
     assert set(result["skipped"]) == missing
@@ -52,7 +68,7 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
 
     summary = result["summary"]
     for workload, expected in EXPECTED.items():
-        assert set(summary[workload]) == expected - missing, workload
+        assert set(summary.get(workload, {})) == expected - missing, workload
         for system, figures in summary[workload].items():
             # CPU comes in clock ticks: a tiny quick round may show none
             cpu = {name: figures.pop(name) for name in ("client_cpu", "server_cpu", "server_us")
@@ -65,9 +81,15 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
         else:
             assert r["workload"] == "memory" and r["rss"] > r["rss_before"] > 0, r
 
-    assert len(result["targets"]) == 13
+    assert [t["target"] for t in result["targets"]] == [t.name for t in TARGETS]
     measured = {t["target"] for t in result["targets"] if t["met"] is not None}
     assert any("MQKS memory W1 total" in name for name in measured)
+    if not missing & {"jetstream-memory", "rabbitmq-quorum"} and CLIENTS["mqks"].can_confirm_each:
+        assert {"MQKS memory W1c total ≥ 2x JetStream memory W1c",
+                "log interval:50 W3c total ≥ 3x RabbitMQ quorum W3c"} <= measured
+    versions = result["meta"]["peers"]
+    for binary in ("nats-server", "rabbitmq-server"):
+        assert ("not installed" in versions[binary]) != installed(binary), versions[binary]
     assert "### Targets (same-run ratios)" in md.read_text()
     if "mqks/postgres" not in missing:
         assert "postgres W3 total ≥ 2x beanstalkd -b" in measured

@@ -18,6 +18,9 @@ def command(sock: socket.socket, line: bytes, expect: bytes) -> None:
 class BeanstalkClient(LineProducer):
     """Producer ``use``s the tube, consumer ``watch``es only it."""
 
+    #: beanstalkd answers every put (``INSERTED``) anyway: W1c is W1
+    can_confirm_each = True
+
     producer: socket.socket
 
     def open(self) -> None:

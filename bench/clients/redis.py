@@ -40,6 +40,9 @@ def bulk_replies(data: bytes) -> tuple[list[bytes], bytes]:
 class RedisClient(LineProducer):
     """List ``queue`` and its processing list ``queue:processing``."""
 
+    #: Redis answers every command anyway: W1c is W1
+    can_confirm_each = True
+
     producer: socket.socket
 
     def open(self) -> None:
