@@ -1,11 +1,14 @@
 """The benchmark suite: mqserver per protocol and backend, and its peers, in one run.
 
     python -m bench [--quick] [--messages N] [--size S] [--rounds R] [--only REGEX]
-                    [--workload w1|w2|paced|memory]... [--markdown FILE] [--json FILE]
+                    [--workload w1|w2|paced|memory|fanout|queues|idle|bodies]...
+                    [--markdown FILE] [--json FILE]
 
 W1 (W3 on a durable backend), W2 end to end and paced, and memory, over
 MQKS, PHPMQ, eMQP and HTTP on every storage setup, and beanstalkd and
-Redis started on loopback ports (``make bench-setup`` installs them).
+Redis started on loopback ports (``make bench-setup`` installs them); and
+issue 19's fan-out, many queues, idle connections and large bodies
+(``bench.shapes``).
 Prints the medians and the issue's target ratios; see docs/performance.md.
 """
 
@@ -17,11 +20,11 @@ import shlex
 import signal
 import sys
 
-from bench import report
+from bench import report, shapes
 from bench.runner import WORKLOADS, Options, run
 
 QUICK = {"messages": 2000, "rounds": 1, "paced_messages": 1000, "memory_messages": 20_000,
-         "http_scale": 1.0}
+         "http_scale": 1.0, **shapes.QUICK}
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
@@ -41,6 +44,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
                              f"{defaults.memory_messages:,})")
     parser.add_argument("--http-scale", type=float,
                         help=f"share of N the HTTP client runs (default {defaults.http_scale})")
+    shapes.add_arguments(parser)
     parser.add_argument("--workload", action="append", choices=WORKLOADS,
                         help="run only this workload (repeatable; default: all)")
     parser.add_argument("--only", default="", help="regular expression on system names, "
@@ -50,7 +54,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     args = parser.parse_args(argv)
     chosen = dict(QUICK) if args.quick else {}
     for name in ("messages", "size", "rounds", "paced_messages", "paced_rate", "memory_messages",
-                 "http_scale"):
+                 "http_scale", *shapes.OPTIONS):
         if getattr(args, name) is not None:
             chosen[name] = getattr(args, name)
     if chosen.get("size", defaults.size) < 20:

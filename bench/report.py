@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.shapes import SHAPES
+
 Key = tuple[str, str, str]  # workload, system, figure
 
 
@@ -62,6 +64,9 @@ TARGETS = [
            ("w1c", "mqks/log-interval", "total"), ("w1c", "jetstream-file", "total"), 1.0),
     Target("log interval:50 W3c total ≥ 3x RabbitMQ quorum W3c",
            ("w1c", "mqks/log-interval", "total"), ("w1c", "rabbitmq-quorum", "total"), 3.0),
+    Target("fan-out to 100 queues: server us per copy ≤ 1.5x single-queue us per message",
+           ("fanout", "mqks/memory x100", "server_us"), ("fanout", "mqks/memory x1", "server_us"),
+           1.5, at_most=True),
 ]
 
 
@@ -69,6 +74,8 @@ def figures(workload: str, r: dict[str, Any]) -> dict[str, float]:
     """The figures of one round (rates in msgs/s, CPU in % of the round's wall time)."""
     out = {"client_cpu": 100 * r["client_cpu"] / r["wall"],
            "server_cpu": 100 * r["server_cpu"] / r["wall"]}
+    if workload in SHAPES:
+        return out | SHAPES[workload].figures(r)
     if workload in ("w1", "w1c", "w2"):
         # the server's CPU per message: what it costs, however busy the machine
         out["server_us"] = 1e6 * r["server_cpu"] / r["count"]
@@ -144,6 +151,7 @@ def tables(summary: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                    lambda f: [f"{f['messages']:,.0f}", f"{f['rss_before_mb']:.0f}",
                               f"{f['rss_mb']:.0f}", f"{f['mb_per_1m']:.0f}"]),
     }
+    layouts |= {name: (s.title, s.header, s.row) for name, s in SHAPES.items()}
     out = []
     for workload, (title, header, row) in layouts.items():
         if workload in summary:

@@ -14,13 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import mqserver
-from bench import database, peers, servers, workloads
+from bench import database, peers, servers, shapes, workloads
 from bench.peers import PEERS, start_peer, version
 from bench.proc import Server
 from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
 
-WORKLOADS = ("w1", "w1c", "w2", "paced", "memory")
+WORKLOADS = ("w1", "w1c", "w2", "paced", "memory", *shapes.SHAPES)
 
 
 @dataclass
@@ -34,6 +34,13 @@ class Options:
     paced_rate: float = 10_000.0
     memory_messages: int = 1_000_000
     http_scale: float = 0.5
+    # issue 19's shapes (bench.shapes.OPTIONS says what each is)
+    fanout_copies: int = shapes.OPTIONS["fanout_copies"][0]
+    queues: int = shapes.OPTIONS["queues"][0]
+    per_connection: int = shapes.OPTIONS["per_connection"][0]
+    queue_messages: int = shapes.OPTIONS["queue_messages"][0]
+    idle_connections: int = shapes.OPTIONS["idle_connections"][0]
+    body_bytes: int = shapes.OPTIONS["body_bytes"][0]
     workloads: tuple[str, ...] = WORKLOADS
     only: str = ""  #: regular expression on system names
     verbose: bool = True
@@ -75,8 +82,10 @@ def run(options: Options) -> dict[str, Any]:
         fleet = Fleet(workdir / "fleet")
         try:
             for workload in options.workloads:
-                chosen = workload_systems(workload, systems)
-                for number in range(1 if workload == "memory" else options.rounds):
+                shape = shapes.SHAPES.get(workload)
+                chosen = shape.pick(systems) if shape else workload_systems(workload, systems)
+                once = workload == "memory" or (shape is not None and shape.once)
+                for number in range(1 if once else options.rounds):
                     for system in chosen:
                         try:
                             figures = one(workload, system, number, options, fleet, workdir)
@@ -99,6 +108,8 @@ def run(options: Options) -> dict[str, Any]:
 
 def one(workload: str, system: System, number: int, options: Options, fleet: Fleet,
         workdir: Path) -> dict[str, Any]:
+    if workload in shapes.SHAPES:
+        return shapes.SHAPES[workload].run(system, number, options, fleet, workdir)
     queue = f"{workload}-r{number}-{system.name.split('/')[0]}"
     if workload == "memory":
         server = start(system.server, workdir / f"memory-{system.name.replace('/', '-')}")

@@ -40,11 +40,12 @@ def missing(storage: str) -> str | None:
 
 
 def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
-                   timeout: float = 30.0) -> Server:
+                   timeout: float = 30.0, extra: tuple[str, ...] = ()) -> Server:
     """Start ``twistd -n mqserver`` for ``storage`` in ``workdir`` and learn its ports.
 
     ``wrapper`` runs it under another command (``bench.callgrind``: valgrind),
-    which may need a longer start-up ``timeout``.
+    which may need a longer start-up ``timeout``; ``extra`` are more mqserver
+    options (``bench.idle``: ``--max-connections``).
     """
     workdir.mkdir(parents=True, exist_ok=True)
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
@@ -53,7 +54,7 @@ def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
             f"--protocol=mqks:{any_port}", f"--protocol=phpmq:{any_port}",
             f"--protocol=emqp:{any_port}", f"--emqp-backend={any_port}",
             f"--emqp-admin={any_port}", f"--http={any_port}", f"--http-token={TOKEN}",
-            f"--data-dir={workdir}/data", *STORAGES[storage]]
+            f"--data-dir={workdir}/data", *STORAGES[storage], *extra]
     if storage.endswith("+journal"):
         argv.append(f"--journal={workdir}/journal")
     db = database.Database.start() if storage == "postgres" else None

@@ -44,20 +44,20 @@ class Meter:
                 "server_cpu": self.server.cpu_seconds() - self.server_cpu, **figures}
 
 
-def encoded(client: LoadClient, count: int, size: int) -> list[Any]:
+def encoded(client: LoadClient, count: int, size: int, per_write: int = CHUNK) -> list[Any]:
     payload = bodies(count, size)
-    return [client.encode(payload[n:n + CHUNK]) for n in range(0, count, CHUNK)]
+    return [client.encode(payload[n:n + per_write]) for n in range(0, count, per_write)]
 
 
 def w1(make: ClientFactory, server: Server, queue: str, count: int, size: int,
-       confirm_each: bool = False) -> dict[str, Any]:
-    """Publish ``count`` messages pipelined on one connection, then drain and
-    ack them on another.  With ``confirm_each`` (W1c) the broker confirms
-    every publish, not just the last."""
+       confirm_each: bool = False, per_write: int = CHUNK) -> dict[str, Any]:
+    """Publish ``count`` messages pipelined on one connection, ``per_write``
+    to a write, then drain and ack them on another.  With ``confirm_each``
+    (W1c) the broker confirms every publish, not just the last."""
     client = make(server.ports, queue)
     client.confirm_each = confirm_each
     try:
-        chunks = encoded(client, count, size)
+        chunks = encoded(client, count, size, per_write)
         meter = Meter(server)
         for chunk in chunks:
             client.send(chunk)

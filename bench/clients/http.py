@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import socket
+from typing import ClassVar
 
 from bench.clients import WINDOW, LoadClient, Seen, connect, recv
 from bench.servers import TOKEN
@@ -61,6 +62,8 @@ class HTTPClient(LoadClient):
 
     producer: socket.socket
     can_confirm_each = True
+    #: messages a long poll asks for (``max``; the response holds their bodies)
+    window: ClassVar[int] = WINDOW
 
     def open(self) -> None:
         self.producer = connect(self.ports["http"])
@@ -97,7 +100,7 @@ class HTTPClient(LoadClient):
         consumer = self.consumer = connect(self.ports["http"])
         name = "c-" + self.queue
         poll = request(b"POST", self.path + b"/consume", json.dumps(
-            {"consumer": name, "max": WINDOW, "timeout": 10, "lease": 60}).encode())
+            {"consumer": name, "max": self.window, "timeout": 10, "lease": 60}).encode())
         consumer.sendall(poll)
         received = 0
         pending = b""
