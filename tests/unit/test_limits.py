@@ -305,6 +305,13 @@ def test_mqks_a_bad_event_name_is_refused_every_time_and_good_ones_are_remembere
     assert mqks.factory.checked_events == {b"e1"}
 
 
+def test_mqks_remembers_the_event_names_of_ten_thousand_queues(mqks):
+    """Publishes spread over 10,000 events (issue 19's many queues) all skip the
+    name check next time: with fewer remembered, every publish took the slow path."""
+    assert mqks(*(b"m publish e%d hi" % n for n in range(10_000))) == []
+    assert len(mqks.factory.checked_events) == 10_000
+
+
 def test_mqks_remembered_event_names_are_bounded(mqks, monkeypatch):
     monkeypatch.setattr("mqserver.protocols.mqks.protocol.CHECKED_EVENTS", 3)
     for n in range(7):

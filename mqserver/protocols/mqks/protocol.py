@@ -37,8 +37,11 @@ from mqserver.protocols.mqks.stats_view import stats_names
 
 log = Logger()
 
-CHECKED_EVENTS = 4096
-"""How many valid event names an MQKS factory remembers."""
+CHECKED_EVENTS = 65536
+"""How many valid event names an MQKS factory remembers: as many as the broker
+caches routes for.  A publish to an event it does not remember takes the
+one-at-a-time path and checks the name again; with 4,096, publishes spread
+over 10,000 queues' events all did (issue 19: 9.2 -> 7.8 us per message)."""
 
 
 class MQKSFactory(Factory):
