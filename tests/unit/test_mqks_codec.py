@@ -141,9 +141,10 @@ def test_settle_words_parse_as_the_data_does(args):
 
 def test_with_data_hands_over_everything_after_the_action():
     seen = []
-    handler = codec.with_data(lambda request_id, data: seen.append((request_id, data)))
-    handler(b"r", b"r consume q  a b".split(b" ", 3))
-    assert seen == [(b"r", b"q  a b")]
+    handler = codec.with_data(lambda protocol, request_id, data:
+                              seen.append((protocol, request_id, data)))
+    handler("p", b"r", b"r consume q  a b".split(b" ", 3))
+    assert seen == [("p", b"r", b"q  a b")]
 
 
 @given(st.binary(max_size=100))

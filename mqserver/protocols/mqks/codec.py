@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from itertools import islice
+from typing import Any
 
 from mqserver.broker.overflow import OVERFLOW_POLICIES
 from mqserver.model import Message
@@ -287,11 +288,13 @@ def request_data(words: list[bytes]) -> bytes:
     return b" ".join(words[2:])
 
 
-def with_data(handler: Callable[[bytes, bytes], None]) -> Callable[[bytes, list[bytes]], None]:
-    """A handler of (request id, data) as a handler of (request id, words)."""
+def with_data(
+    handler: Callable[[Any, bytes, bytes], None],
+) -> Callable[[Any, bytes, list[bytes]], None]:
+    """A handler of (protocol, request id, data) as one of (protocol, request id, words)."""
 
-    def call(request_id: bytes, words: list[bytes]) -> None:
-        handler(request_id, request_data(words))
+    def call(protocol: Any, request_id: bytes, words: list[bytes]) -> None:
+        handler(protocol, request_id, request_data(words))
 
     return call
 

@@ -128,19 +128,6 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
         self._run_confirms: list[int] = []
         self._confirms: list[bytes] = []
         self._acks: list[list[bytes]] = []
-        # The hot actions take the request's words as ``_request`` split them;
-        # the others take their data, everything after the action, as sent.
-        self._actions: dict[bytes, Callable[[bytes, list[bytes]], None]] = {
-            b"publish": self._publish,
-            b"ack": self._ack,
-            b"reject": self._reject,
-            b"consume": with_data(self._consume),
-            b"rebind": with_data(self._rebind),
-            b"delete_consumer": with_data(self._delete_consumer),
-            b"delete_queue": with_data(self._delete_queue),
-            b"ping": with_data(self._ping),
-            b"_eval": with_data(self._eval),
-        }
 
     # -- connection ---------------------------------------------------------
 
@@ -254,12 +241,12 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
                 # not echoed: the id itself is what is wrong (too long, control characters)
                 self._error(b"None", str(e))
                 return
-        handler = self._actions.get(words[1])
+        handler = ACTIONS.get(words[1])
         if handler is None:
             self._error(request_id, f"unknown action {words[1]!r}")
             return
         try:
-            handler(request_id, words)
+            handler(self, request_id, words)
         except (MQKSError, EvalError, QueueFullError) as e:
             self._error(request_id, str(e))
         except Exception:
@@ -429,3 +416,20 @@ class MQKSProtocol(Backpressure, Output, Publishing, Acking, Protocol):
         except UnicodeEncodeError:  # a lone surrogate that no name produced
             result = text.encode("utf-8", "backslashreplace")
         self._ok(request_id, codec.escape_body(result))
+
+
+ACTIONS: dict[bytes, Callable[[MQKSProtocol, bytes, list[bytes]], None]] = {
+    b"publish": MQKSProtocol._publish,
+    b"ack": MQKSProtocol._ack,
+    b"reject": MQKSProtocol._reject,
+    b"consume": with_data(MQKSProtocol._consume),
+    b"rebind": with_data(MQKSProtocol._rebind),
+    b"delete_consumer": with_data(MQKSProtocol._delete_consumer),
+    b"delete_queue": with_data(MQKSProtocol._delete_queue),
+    b"ping": with_data(MQKSProtocol._ping),
+    b"_eval": with_data(MQKSProtocol._eval),
+}
+"""Each action's handler of (protocol, request id, words), one table for every
+connection (a table of bound methods each was half of what an idle connection
+holds, issue 19).  The hot actions take the request's words as ``_request``
+split them; the others take their data, everything after the action, as sent."""

@@ -11,6 +11,7 @@ PHPMQ "count for consumption" credit.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IPushProducer
@@ -121,20 +122,6 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
         self._flush_call: Any = None
         self._receiving = False
         self._closing = False
-        self._handlers = {
-            PUBLISH: self._publish,
-            CONSUME: self._consume,
-            ACK: self._ack,
-            REQUEUE: self._requeue,
-            DEAD_LETTER: self._dead_letter,
-            DISPATCH: self._from_server,
-        }
-        self._run_handlers = {
-            PUBLISH: self._publish_run,
-            ACK: self._ack_run,
-            CONSUME: self._each_frame,
-            DEAD_LETTER: self._each_frame,
-        }
 
     # -- connection ---------------------------------------------------------
 
@@ -194,14 +181,14 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
     def _handle(self, decoder: FrameDecoder) -> None:
         """Every frame the decoder has complete: one whose handler fails closes
         the connection, and the frames after it are not handled."""
-        handlers, run_handlers = self._handlers, self._run_handlers
+        handlers, run_handlers = HANDLERS, RUN_HANDLERS
         try:
             while items := decoder.read():
                 for item in items:
                     if item.__class__ is Run:
-                        run_handlers[item.type](item)
+                        run_handlers[item.type](self, item)
                     else:
-                        handlers[item.type](item.packages)
+                        handlers[item.type](self, item.packages)
         except PHPMQError as e:
             self._close(f"malformed frame: {e}")
         except Exception:
@@ -310,9 +297,9 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
 
     def _each_frame(self, run: Run) -> None:
         """A run of frames with no shortcut of its own (002, 006): one at a time."""
-        handler = self._handlers[run.type]
+        handler = HANDLERS[run.type]
         for frame in run.frames():
-            handler(frame.packages)
+            handler(self, frame.packages)
 
     def _consume(self, packages: dict[int, bytes]) -> None:
         queue = self._queue(packages[QUEUE])
@@ -379,3 +366,24 @@ class PHPMQProtocol(Settling, Backpressure, Protocol):
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
+
+
+HANDLERS: dict[int, Callable[[PHPMQProtocol, dict[int, bytes]], None]] = {
+    PUBLISH: PHPMQProtocol._publish,
+    CONSUME: PHPMQProtocol._consume,
+    ACK: PHPMQProtocol._ack,
+    REQUEUE: PHPMQProtocol._requeue,
+    DEAD_LETTER: PHPMQProtocol._dead_letter,
+    DISPATCH: PHPMQProtocol._from_server,
+}
+"""Each frame type's handler of (protocol, packages), one table for every
+connection (tables of bound methods were a quarter of what an idle
+connection holds, issue 19)."""
+
+RUN_HANDLERS: dict[int, Callable[[PHPMQProtocol, Run], None]] = {
+    PUBLISH: PHPMQProtocol._publish_run,
+    ACK: PHPMQProtocol._ack_run,
+    CONSUME: PHPMQProtocol._each_frame,
+    DEAD_LETTER: PHPMQProtocol._each_frame,
+}
+"""The handlers of runs of repeated frames (``Run``), likewise."""
