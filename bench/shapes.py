@@ -178,7 +178,8 @@ SHAPES: dict[str, Shape] = {
     "fanout": Shape(
         "Fan-out (one MQKS event bound to W queues; every copy delivered and acked)",
         ["system", "width", "produce msgs/s", "copies/s", "server CPU", "server us/copy"],
-        lambda systems: variants(systems, ("mqks/memory",), {f"x{w}": w for w in WIDTHS}),
+        lambda systems: variants(systems, ("mqks/memory", "mqks/log-interval"),
+                                 {f"x{w}": w for w in WIDTHS}),
         fanout_run, fanout_figures,
         lambda f: [f"{f['width']:.0f}", rate(f["produce"]), rate(f["copies"]),
                    pct(f, "server_cpu"), f"{f['server_us']:.2f}"]),

@@ -42,7 +42,7 @@ EXPECTED = {
               "jetstream-memory", "rabbitmq"},
     "memory": {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"},
     # issue 19's shapes (bench.shapes)
-    "fanout": {"mqks/memory x1", "mqks/memory x10", "mqks/memory x100"},
+    "fanout": {f"mqks/{s} x{w}" for s in ("memory", "log-interval") for w in (1, 10, 100)},
     "queues": {"mqks/memory 1 queue", "mqks/memory many queues"},
     "idle": {"mqks/memory", "phpmq/memory"},
     "bodies": {f"{p}/{s} {size}" for p in ("mqks", "phpmq", "http")
