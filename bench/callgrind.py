@@ -49,15 +49,13 @@ def count(messages: int, storage: str, workdir: Path, protocol: str = "mqks",
     """Instructions per message of one W1 round of ``messages`` 100-byte messages
     with ``protocol``'s client, on a server set up as ``bench.servers.STORAGES[storage]``."""
     client = PROTOCOLS[protocol]
-    if confirm_each:
-        client = type(client.__name__, (client,), {"confirm_each": True})
     wrapper = ("valgrind", "--tool=callgrind", f"--callgrind-out-file={workdir}/callgrind.%p")
     server = start_mqserver(storage, workdir, wrapper, timeout=300)
     try:
-        workloads.w1(client, server, "warm-up", max(1, messages // 4), 100)
+        workloads.w1(client, server, "warm-up", max(1, messages // 4), 100, confirm_each)
         time.sleep(1.0)  # timers and the journal's flush settle
         control("-z", str(server.pid))
-        workloads.w1(client, server, "counted", messages, 100)
+        workloads.w1(client, server, "counted", messages, 100, confirm_each)
         time.sleep(1.0)  # the journal's flush of this round is counted too
         control("-d", str(server.pid))
     finally:

@@ -14,9 +14,10 @@ from bench.servers import start_mqserver
 from bench.workloads import w1
 
 
-class ConfirmEach(MQKSClient):
-    confirm_each = True
-    made: list[ConfirmEach] = []
+class Kept(MQKSClient):
+    """Kept for a look after the round."""
+
+    made: list[Kept] = []
 
     def open(self) -> None:
         super().open()
@@ -25,14 +26,14 @@ class ConfirmEach(MQKSClient):
 
 @pytest.mark.parametrize("storage", ["memory", "log-interval"])
 def test_every_publish_is_confirmed_and_comes_back(tmp_path, storage):
-    ConfirmEach.made.clear()
+    Kept.made.clear()
     server = start_mqserver(storage, tmp_path)
     try:
-        result = w1(ConfirmEach, server, "w1c", 3500, 100)
+        result = w1(Kept, server, "w1c", 3500, 100, confirm_each=True)
     finally:
         server.stop()
     assert result["received"] == 3500
-    (client,) = ConfirmEach.made
+    (client,) = Kept.made
     assert client.replies.sent == client.replies.answered == 3500
     assert client.replies.rest == b""
 
