@@ -78,26 +78,37 @@ class FrontendHandler(EndpointHandler):
         publishing = connection.publisher
         replies: list[bytes] = []  # REPLYs that go out together, before anything else
         target, fields, entries = b"", None, []  # the requests not stored yet: one run
+        run_headers = None  # their header frame: a request with it and ``target`` joins them
         try:
             for frames in messages:
                 if len(frames) != 7 or frames[0] or frames[2] != REQUEST:
                     self._store(identity, target, fields, entries, replies)
                     self._long_way(router, identity, frames, replies)
+                    run_headers = None  # what the long way did is not looked into
                     continue
                 _, _, _, msgid, queue, headers, payload = frames
-                try:
-                    # ``Limits.check_id``'s fast test, inlined: a fresh msgid in each
-                    if not (0 < len(msgid) <= max_id and (
-                            msgid.isalnum() or msgid.translate(CONTROL_MARKS).isalnum())):
-                        raise EMQPError("msgid")  # the long way says why
+                # ``Limits.check_id``'s fast test, inlined: a fresh msgid in each
+                if 0 < len(msgid) <= max_id and (
+                        msgid.isalnum() or msgid.translate(CONTROL_MARKS).isalnum()):
                     if schedulers:  # liveness, recorded as message_received does
                         self._seen(identity)
-                    if (queue, headers) not in valid_jobs:
-                        self._check_job(queue, headers)
-                    where, what = route(queue, headers, identity)
-                except EMQPError:
+                    if queue == target and headers == run_headers:
+                        # the run's queue and headers again: checked and routed with
+                        # its first request, and a queue with requests stays known
+                        entries.append((msgid, payload))
+                        continue
+                    try:
+                        if (queue, headers) not in valid_jobs:
+                            self._check_job(queue, headers)
+                        where, what = route(queue, headers, identity)
+                    except EMQPError:
+                        where = None
+                else:
+                    where = None
+                if where is None:  # the long way says why
                     self._store(identity, target, fields, entries, replies)
                     self._long_way(router, identity, frames, replies)
+                    run_headers = None
                     continue
                 if not publishing:
                     self._publishing(identity)
@@ -110,6 +121,7 @@ class FrontendHandler(EndpointHandler):
                 if what is not fields:  # shared per queue, headers and client
                     self._store(identity, target, fields, entries, replies)
                     target, fields = where, what
+                run_headers = headers
                 entries.append((msgid, payload))
             self._store(identity, target, fields, entries, replies)
         finally:
