@@ -14,6 +14,10 @@ LEAD_FRAMES = 3
 """Frames a message may share with the one before, taken in one comparison."""
 MAX_LEAD = 256
 """Wire bytes of those frames beyond which they are not remembered."""
+MIDDLE_FRAMES = 2
+"""Frames after the lead and one frame of the message's own (eMQP's msgid) that it
+may share with an earlier message too (a REQUEST's queue and headers), when
+at least one more frame follows them."""
 
 
 class MessageDecoder:
@@ -40,9 +44,12 @@ class MessageDecoder:
 
     A message whose first ``LEAD_FRAMES`` frames are, byte for byte, those of
     the message before it (eMQP's ``'' | eMQP/1.0 | REQUEST`` again and
-    again) takes them in one ``startswith`` and shares their bodies.  Nothing
-    after them is remembered: real peers (eventmq's client and job manager)
-    put a fresh msgid in every message, so none repeats whole.
+    again) takes them in one ``startswith`` and shares their bodies.  After
+    them comes a frame of its own (the msgid: real peers, eventmq's client
+    and job manager, put a fresh one in every message, so none repeats
+    whole), then maybe ``MIDDLE_FRAMES`` frames equal to an earlier
+    message's (a client's REQUESTs to one queue with the same headers),
+    taken the same way.
     """
 
     def __init__(self, max_message: int, max_frames: int) -> None:
@@ -54,9 +61,11 @@ class MessageDecoder:
         self._need = 0  # bytes the first incomplete frame needs in all
         self._parts: list[bytes] = []  # frames of the message in progress
         self._size = 0  # its wire size so far
-        # the wire bytes of the last message's first LEAD_FRAMES frames and those frames
-        self._lead = b""
+        # the wire bytes of the last message's first LEAD_FRAMES frames and those
+        # frames; and of the MIDDLE_FRAMES after its own frame, if it had them
+        self._lead = self._middle = b""
         self._lead_parts: list[bytes] = []
+        self._middle_parts: list[bytes] = []
 
     def buffered(self) -> int:
         """Bytes of an incomplete frame held."""
@@ -108,18 +117,33 @@ class MessageDecoder:
         parts, size = self._parts, self._size
         max_message, max_frames = self.max_message, self.max_frames
         lead, lead_parts = self._lead, self._lead_parts
-        lead_size = len(lead)
+        middle, middle_parts = self._middle, self._middle_parts
+        lead_size, middle_size = len(lead), len(middle)
         offset, end = 0, len(data)
         # where the message in progress starts in this chunk, if all of its
         # frames are here and contiguous (-1: not), so its first frames can be
-        # remembered as the next lead
-        first = -1
+        # remembered as the next lead; where its frames after a lead start, if
+        # a lead was taken and no middle (so its middle can be remembered)
+        first = led = -1
         try:
             while end - offset >= 2:
                 if not parts:
                     if lead and data.startswith(lead, offset):
                         offset += lead_size
                         parts, size = lead_parts.copy(), lead_size
+                        led = offset
+                        # its own frame (short, MORE), then the middle again?
+                        if middle and end - offset >= 2 and data[offset] == MORE:
+                            own = offset + 2 + data[offset + 1]
+                            if data.startswith(middle, own):
+                                parts.append(data[offset + 2:own])
+                                parts += middle_parts
+                                size += own + middle_size - offset
+                                offset = own + middle_size
+                                led = -1  # the middle is the one remembered
+                                if size > max_message:  # (its frames passed before)
+                                    raise TooLargeError(
+                                        f"message over the {max_message} byte limit")
                         continue
                     first = offset
                 # the common frames, short message frames (0-255 bytes), in a
@@ -159,7 +183,7 @@ class MessageDecoder:
                     if flags & COMMAND:
                         out.append(data[start:stop])
                         offset = stop
-                        first = -1  # a message around it is not contiguous
+                        first = led = -1  # a message around it is not contiguous
                         continue
                     size += stop - offset
                     offset = stop
@@ -174,12 +198,18 @@ class MessageDecoder:
                     raise TooLargeError(f"message of more than {max_frames} frames")
                 out.append(parts)
                 if first >= 0 and len(parts) > LEAD_FRAMES:
-                    lead_end = _frames_end(data, first, LEAD_FRAMES)
-                    if lead_end - first <= MAX_LEAD and data[first:lead_end] != lead:
-                        lead, lead_parts = data[first:lead_end], parts[:LEAD_FRAMES]
+                    led = _frames_end(data, first, LEAD_FRAMES)
+                    if led - first <= MAX_LEAD and data[first:led] != lead:
+                        lead, lead_parts = data[first:led], parts[:LEAD_FRAMES]
                         lead_size = len(lead)
+                if led >= 0 and len(parts) > LEAD_FRAMES + 1 + MIDDLE_FRAMES:
+                    own = _frames_end(data, led, 1)
+                    middle_end = _frames_end(data, own, MIDDLE_FRAMES)
+                    if middle_end - own <= MAX_LEAD:
+                        middle, middle_size = data[own:middle_end], middle_end - own
+                        middle_parts = parts[LEAD_FRAMES + 1:LEAD_FRAMES + 1 + MIDDLE_FRAMES]
                 parts, size = [], 0
-                first = -1
+                first = led = -1
             # the incomplete frame left, if any: its flags and size are checked now
             found = _header(data, offset, max_message)
         except ZMTPError as e:
@@ -187,6 +217,7 @@ class MessageDecoder:
             return out
         self._parts, self._size = parts, size
         self._lead, self._lead_parts = lead, lead_parts
+        self._middle, self._middle_parts = middle, middle_parts
         self._keep(data, offset, found[2] - offset if found else _header_size(data[offset:]))
         return out
 

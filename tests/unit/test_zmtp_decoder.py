@@ -180,6 +180,10 @@ def long_headers(frames: list[bytes]) -> bytes:
 _LEADS = [[b"", b"eMQP/1.0", b"REQUEST"], [b"", b"eMQP/1.0", b"READY"], [b"", b"x" * 300, b"y"]]
 
 
+# what may follow a lead and a frame of the message's own (eMQP's queue and headers)
+_MIDDLES = [[b"default", b""], [b"q", b"guarantee"], [b"x" * 300, b""], [b"default"]]
+
+
 _REPEATS = [
     [b"", b"eMQP/1.0", b"READY", b"r"],
     [b"", b"eMQP/1.0", b"READY", b"r", b""],
@@ -200,6 +204,11 @@ _REPEATS = [
             st.binary(max_size=20).map(lambda data: codec.ping_command(0, data)),
             # messages that repeat whole, or all but their end (READYs)
             st.sampled_from(_REPEATS),
+            # a lead, a frame of its own (a msgid), a middle shared with others, a tail
+            st.tuples(st.sampled_from(range(len(_LEADS))), st.binary(max_size=300),
+                      st.sampled_from(range(len(_MIDDLES))),
+                      st.lists(st.binary(max_size=40), max_size=2)).map(
+                lambda t: ("middle", _LEADS[t[0]] + [t[1]] + _MIDDLES[t[2]] + t[3])),
             # short frames sent with 8-byte sizes, which ZMTP allows
             st.lists(st.binary(max_size=40), min_size=1, max_size=5).map(
                 lambda frames: ("long headers", frames)),
@@ -223,6 +232,10 @@ def test_messages_sharing_first_frames_decode_alike_whatever_the_chunking(stream
             frames = item[1]
             wire.append(long_headers(frames))
             expected.append(frames)
+            continue
+        if isinstance(item, tuple) and item[0] == "middle":
+            wire.append(codec.encode_message(item[1]))
+            expected.append(item[1])
             continue
         frames = _LEADS[item[0]] + item[1] if isinstance(item, tuple) else item
         wire.append(codec.encode_message(frames))
@@ -266,6 +279,26 @@ def test_readys_with_a_fresh_msgid_each_share_only_their_first_frames():
                                 for i in ids))
     assert got == [[b"", b"eMQP/1.0", b"READY", i] for i in ids]
     assert len({id(frames[2]) for frames in got}) == 1  # the lead's bodies, shared
+
+
+def test_requests_with_a_fresh_msgid_share_their_lead_and_their_queue_and_headers():
+    # what eventmq's client sends: REQUESTs to one queue, a new msgid and body each
+    requests = [[b"", b"eMQP/1.0", b"REQUEST", b"%036x" % n, b"default", b"", b"job %d" % n]
+                for n in range(4)]
+    decoder = MessageDecoder(1000, 64)
+    got = decoder.feed(b"".join(map(codec.encode_message, requests)))
+    assert got == requests
+    assert len({id(frames[4]) for frames in got[1:]}) == 1  # the middle's bodies, shared
+    # another queue: taken frame by frame, and remembered for the next
+    other = [b"", b"eMQP/1.0", b"REQUEST", b"m", b"email", b"", b"x"]
+    assert decoder.feed(codec.encode_message(other) * 2) == [other, other]
+    # a message the middle takes past the size limit is refused there
+    small = MessageDecoder(60, 64)
+    short = [b"", b"eMQP/1.0", b"REQUEST", b"m", b"default", b"", b"x"]
+    long_own = [b"", b"eMQP/1.0", b"REQUEST", b"m" * 40, b"default", b"", b"x"]
+    assert small.feed(codec.encode_message(short) * 2) == [short, short]
+    assert small.feed(codec.encode_message(long_own)[:-3]) == []
+    assert isinstance(small.error, TooLargeError)
 
 
 def test_a_message_that_repeats_whole_is_a_list_of_its_own():
