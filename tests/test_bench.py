@@ -91,6 +91,8 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
     assert [t["target"] for t in result["targets"]] == [t.name for t in TARGETS]
     measured = {t["target"] for t in result["targets"] if t["met"] is not None}
     assert any("MQKS memory W1 total" in name for name in measured)
+    if "beanstalkd" not in missing:
+        assert "HTTP memory W1 total (batches of 1000) ≥ 1x beanstalkd" in measured
     if not missing & {"jetstream-memory", "rabbitmq-quorum"} and CLIENTS["mqks"].can_confirm_each:
         assert {"MQKS memory W1c total ≥ 2x JetStream memory W1c",
                 "log interval:50 W3c total ≥ 3x RabbitMQ quorum W3c"} <= measured
