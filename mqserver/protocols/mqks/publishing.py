@@ -28,6 +28,7 @@ for) the replies keep their place among the others.
 
 from __future__ import annotations
 
+from operator import itemgetter
 from typing import Any
 
 from twisted.logger import Logger
@@ -37,6 +38,7 @@ from mqserver.protocols.mqks.codec import CONFIRM, MQKSError
 
 # the namespace operators filter MQKS errors on (they were logged by protocol.py)
 log = Logger(namespace="mqserver.protocols.mqks.protocol")
+first = itemgetter(0)  # a run entry's request id
 
 
 class Publishing:
@@ -143,7 +145,9 @@ class Publishing:
     def _stored(self, run: list[tuple[bytes, bytes]], confirmed: list[int],
                 start: int, end: int) -> None:
         """The confirmed lines among ``run[start:end]`` are stored: they await their answer."""
-        self._confirms += [run[i][0] for i in confirmed if start <= i < end]
+        if start or end < len(run):  # around a refusal
+            confirmed = [i for i in confirmed if start <= i < end]
+        self._confirms += map(first, map(run.__getitem__, confirmed))
 
     def _answer_confirms(self) -> None:
         """One durability wait and one write for the confirmed publishes stored so far."""
