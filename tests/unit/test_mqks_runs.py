@@ -70,6 +70,12 @@ class HeldStore(MemoryStore):
         for d in pending:
             d.callback(None)
 
+    def fail(self) -> None:
+        """The batches in flight fail (the writer retries them later)."""
+        pending, self.pending = self.pending, []
+        for d in pending:
+            d.errback(OSError("disk full"))
+
 
 class World:
     """A broker with a reject-publish queue, a drop-head queue, a plain queue
@@ -107,14 +113,18 @@ class World:
         protocol.makeConnection(transport)
         return protocol, transport
 
-    def feed(self, chunks: list[tuple[bytes, bool]]) -> list[int]:
-        """Each chunk, then a reactor turn, then maybe a store batch made durable;
-        how much the publisher had been answered after each (when, not only what)."""
+    def feed(self, chunks: list[tuple[bytes, bool | str]]) -> list[int]:
+        """Each chunk, then a reactor turn, then maybe the store batches in flight made
+        durable (True) or failed ("fail": retried half a second later); how much the
+        publisher had been answered after each (when, not only what)."""
         answered = []
         for chunk, settle in chunks:
             self.pub.dataReceived(chunk)
             self.clock.advance(0)
-            if settle and isinstance(self.store, HeldStore):
+            if settle == "fail" and isinstance(self.store, HeldStore):
+                self.store.fail()
+                self.clock.advance(0.5)
+            elif settle and isinstance(self.store, HeldStore):
                 self.store.settle()
                 self.clock.advance(0)
             answered.append(len(self.pub_out.value()))
@@ -243,11 +253,12 @@ confirmed_line = st.sampled_from(
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(confirmed_line, max_size=24), st.lists(st.integers(0, 24), max_size=3),
-       st.booleans(), st.lists(st.booleans(), min_size=4, max_size=4))
+       st.booleans(), st.lists(st.sampled_from([False, True, "fail"]), min_size=4, max_size=4))
 def test_confirmed_publishes_split_anywhere_answer_and_store_as_one_at_a_time(
         lines, cuts, durable, settles):
     """Each chunk's confirms wait together: the same answers, in the same order,
-    the same ops and journal, wherever the chunks are cut and the store settles."""
+    the same ops and journal, wherever the chunks are cut and the store settles
+    or fails."""
     cuts = sorted(set(cuts))
     parts = [lines[a:b] for a, b in zip([0, *cuts], [*cuts, len(lines)], strict=False)]
     chunks = [(b"".join(line + b"\n" for line in part), settle)
@@ -410,15 +421,6 @@ def test_a_run_that_fails_unexpectedly_answers_each_of_its_lines_with_an_error(p
 # -- confirmed publishes (issue 19) ----------------------------------------------------
 
 
-class FailingStore(HeldStore):
-    """Durable; its batches fail when the test says so (``fail``)."""
-
-    def fail(self) -> None:
-        pending, self.pending = self.pending, []
-        for d in pending:
-            d.errback(OSError("disk full"))
-
-
 def durable_probe(store: HeldStore, factory_class: type[MQKSFactory] = MQKSFactory) -> Probe:
     p = Probe(store, factory_class)
     p.send(b"b rebind q ea eb", b"w1 publish ea x", b"w2 publish eb x")
@@ -495,7 +497,7 @@ def test_a_failed_batch_answers_each_confirmed_publish_of_the_run_with_an_error(
     lines = b"m1 publish --confirm ea a", b"m2 publish ea b", b"m3 publish --confirm ea c"
     answers = []
     for factory_class in (MQKSFactory, OneByOneFactory):  # the same as one at a time
-        store = FailingStore()
+        store = HeldStore()
         probe = durable_probe(store, factory_class)
         with capturedLogs() as events:
             probe.send(*lines)
