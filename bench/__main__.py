@@ -1,14 +1,14 @@
 """The benchmark suite: mqserver per protocol and backend, and its peers, in one run.
 
     python -m bench [--quick] [--messages N] [--size S] [--rounds R] [--only REGEX]
-                    [--workload w1|w2|paced|memory|fanout|queues|idle|bodies]...
+                    [--workload w1|w1c|w2|paced|memory|fanout|queues|idle|bodies]...
                     [--markdown FILE] [--json FILE]
 
-W1 (W3 on a durable backend), W2 end to end and paced, and memory, over
-MQKS, PHPMQ, eMQP and HTTP on every storage setup, and beanstalkd and
-Redis started on loopback ports (``make bench-setup`` installs them); and
-issue 19's fan-out, many queues, idle connections and large bodies
-(``bench.shapes``).
+W1 (W3 on a durable backend), W1c (every publish confirmed), W2 end to end
+and paced, and memory, over MQKS, PHPMQ, eMQP and HTTP on every storage
+setup, and beanstalkd, Redis, NATS JetStream and RabbitMQ started on
+loopback ports (``make bench-setup`` installs them); and issue 19's
+fan-out, many queues, idle connections and large bodies (``bench.shapes``).
 Prints the medians and the issue's target ratios; see docs/performance.md.
 """
 
