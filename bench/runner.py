@@ -81,12 +81,12 @@ def run(options: Options) -> dict[str, Any]:
         workdir = Path(tmp)
         fleet = Fleet(workdir / "fleet")
         try:
-            for workload in options.workloads:
-                shape = shapes.SHAPES.get(workload)
-                chosen = shape.pick(systems) if shape else workload_systems(workload, systems)
-                once = workload == "memory" or (shape is not None and shape.once)
+            for group in passes(options.workloads):
+                chosen = {workload: pick(workload, systems) for workload in group}
+                once = all(w == "memory" or getattr(shapes.SHAPES.get(w), "once", False)
+                           for w in group)
                 for number in range(1 if once else options.rounds):
-                    for system in chosen:
+                    for system, workload in interleaved(chosen):
                         try:
                             figures = one(workload, system, number, options, fleet, workdir)
                         except Exception as e:
@@ -104,6 +104,35 @@ def run(options: Options) -> dict[str, Any]:
             fleet.stop()
     return {"meta": meta(options, time.time() - started), "skipped": skipped,
             "rounds": rounds, "errors": errors}
+
+
+def passes(chosen: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """The workloads in the order they run, W1 and W1c as one pass.
+
+    A system's W1c round runs right after its W1 round, so the ratio of the
+    two compares minutes with the same load on the machine: run as two
+    blocks, load that drifted between them showed up as the ratio.
+    """
+    groups: list[tuple[str, ...]] = []
+    for workload in chosen:
+        if workload == "w1c" and "w1" in chosen:
+            continue
+        groups.append(("w1", "w1c") if workload == "w1" and "w1c" in chosen else (workload,))
+    return groups
+
+
+def pick(workload: str, systems: list[System]) -> list[System]:
+    shape = shapes.SHAPES.get(workload)
+    return shape.pick(systems) if shape else workload_systems(workload, systems)
+
+
+def interleaved(chosen: dict[str, list[System]]) -> list[tuple[System, str]]:
+    """Each system's rounds of a pass one after the other, systems in order."""
+    order: list[System] = []
+    for systems in chosen.values():
+        order += [system for system in systems if system not in order]
+    return [(system, workload) for system in order
+            for workload, systems in chosen.items() if system in systems]
 
 
 def one(workload: str, system: System, number: int, options: Options, fleet: Fleet,
