@@ -123,3 +123,13 @@ def test_callgrind_counts_the_servers_instructions_per_message():
                          check=True)
     assert run.stdout.startswith("W1 mqks storage=memory journal=on N=500: ")
     assert int(run.stdout.split(": ")[1].split()[0].replace(",", "")) > 0
+
+
+@pytest.mark.skipif(shutil.which("valgrind") is None, reason="needs valgrind (Debian package)")
+def test_callgrind_counts_the_servers_instructions_per_fanned_out_copy():
+    run = subprocess.run([sys.executable, "-m", "bench.callgrind", "--messages", "500",
+                          "--fanout", "10"], cwd=ROOT, capture_output=True, text=True,
+                         timeout=600, check=True)
+    assert run.stdout.startswith("fan-out x10 mqks storage=memory journal=off N=500: ")
+    assert run.stdout.rstrip().endswith(" instructions per copy")
+    assert int(run.stdout.split(": ")[1].split()[0].replace(",", "")) > 0
