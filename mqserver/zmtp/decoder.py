@@ -130,20 +130,33 @@ class MessageDecoder:
                 if not parts:
                     if lead and data.startswith(lead, offset):
                         offset += lead_size
-                        parts, size = lead_parts.copy(), lead_size
                         led = offset
-                        # its own frame (short, MORE), then the middle again?
-                        if middle and end - offset >= 2 and data[offset] == MORE:
+                        if end - offset >= 2:  # its own frame's header is here
+                            flags = data[offset]
                             own = offset + 2 + data[offset + 1]
-                            if data.startswith(middle, own):
-                                parts.append(data[offset + 2:own])
-                                parts += middle_parts
-                                size += own + middle_size - offset
+                            if not flags and own <= end:
+                                # short and its last (a READY): the message, whole
+                                if max_frames <= LEAD_FRAMES:
+                                    raise TooLargeError(
+                                        f"message of more than {max_frames} frames")
+                                if lead_size + own - offset > max_message:
+                                    raise TooLargeError(
+                                        f"message over the {max_message} byte limit")
+                                out.append([*lead_parts, data[offset + 2:own]])
+                                offset = own
+                                led = -1
+                                continue
+                            # short with MORE, then the middle again?
+                            if flags == MORE and middle and data.startswith(middle, own):
+                                parts = [*lead_parts, data[offset + 2:own], *middle_parts]
+                                size = lead_size + own + middle_size - offset
                                 offset = own + middle_size
                                 led = -1  # the middle is the one remembered
                                 if size > max_message:  # (its frames passed before)
                                     raise TooLargeError(
                                         f"message over the {max_message} byte limit")
+                                continue
+                        parts, size = lead_parts.copy(), lead_size
                         continue
                     first = offset
                 # the common frames, short message frames (0-255 bytes), in a
