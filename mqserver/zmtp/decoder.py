@@ -47,9 +47,10 @@ class MessageDecoder:
     again) takes them in one ``startswith`` and shares their bodies.  After
     them comes a frame of its own (the msgid: real peers, eventmq's client
     and job manager, put a fresh one in every message, so none repeats
-    whole), then maybe ``MIDDLE_FRAMES`` frames equal to an earlier
-    message's (a client's REQUESTs to one queue with the same headers),
-    taken the same way.
+    whole): when it is short and the last (a job manager's READY) the
+    message is handed on at once; else maybe ``MIDDLE_FRAMES`` frames
+    equal to an earlier message's follow it (a client's REQUESTs to one
+    queue with the same headers), taken the same way.
     """
 
     def __init__(self, max_message: int, max_frames: int) -> None:
