@@ -1,11 +1,11 @@
 """The benchmark suite: mqserver per protocol and backend, and its peers, in one run.
 
     python -m bench [--quick] [--messages N] [--size S] [--rounds R] [--only REGEX]
-                    [--workload w1|w1c|w2|paced|memory|fanout|queues|idle|bodies]...
+                    [--workload w1|w1c|w2|paced|memory|restart|fanout|queues|idle|bodies]...
                     [--markdown FILE] [--json FILE]
 
 W1 (W3 on a durable backend), W1c (every publish confirmed), W2 end to end
-and paced, and memory, over MQKS, PHPMQ, eMQP and HTTP on every storage
+and paced, memory and restart, over MQKS, PHPMQ, eMQP and HTTP on every storage
 setup, and beanstalkd, Redis, NATS JetStream and RabbitMQ started on
 loopback ports (``make bench-setup`` installs them); and issue 19's
 fan-out, many queues, idle connections and large bodies (``bench.shapes``).
@@ -24,7 +24,7 @@ from bench import report, shapes
 from bench.runner import WORKLOADS, Options, run
 
 QUICK = {"messages": 2000, "rounds": 1, "paced_messages": 1000, "memory_messages": 20_000,
-         "http_scale": 1.0, **shapes.QUICK}
+         "restart_messages": 20_000, "http_scale": 1.0, **shapes.QUICK}
 
 
 def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
@@ -42,6 +42,9 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     parser.add_argument("--memory-messages", type=int,
                         help=f"ready messages for the RSS figure (default "
                              f"{defaults.memory_messages:,})")
+    parser.add_argument("--restart-messages", type=int,
+                        help=f"ready messages for the restart figure (default "
+                             f"{defaults.restart_messages:,})")
     parser.add_argument("--http-scale", type=float,
                         help=f"share of N the HTTP client runs (default {defaults.http_scale})")
     shapes.add_arguments(parser)
@@ -54,7 +57,7 @@ def parse(argv: list[str]) -> tuple[Options, argparse.Namespace]:
     args = parser.parse_args(argv)
     chosen = dict(QUICK) if args.quick else {}
     for name in ("messages", "size", "rounds", "paced_messages", "paced_rate", "memory_messages",
-                 "http_scale", *shapes.OPTIONS):
+                 "restart_messages", "http_scale", *shapes.OPTIONS):
         if getattr(args, name) is not None:
             chosen[name] = getattr(args, name)
     if chosen.get("size", defaults.size) < 20:

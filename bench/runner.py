@@ -20,7 +20,8 @@ from bench.proc import Server
 from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
 
-WORKLOADS = ("w1", "w1c", "w2", "paced", "memory", *shapes.SHAPES)
+ONCE = ("memory", "restart")  #: workloads of one round (a fresh server each)
+WORKLOADS = ("w1", "w1c", "w2", "paced", "memory", "restart", *shapes.SHAPES)
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Options:
     paced_messages: int = 30_000
     paced_rate: float = 10_000.0
     memory_messages: int = 1_000_000
+    restart_messages: int = 1_000_000
     http_scale: float = 0.5
     # issue 19's shapes (bench.shapes.OPTIONS says what each is)
     fanout_copies: int = shapes.OPTIONS["fanout_copies"][0]
@@ -83,7 +85,7 @@ def run(options: Options) -> dict[str, Any]:
         try:
             for group in passes(options.workloads):
                 chosen = {workload: pick(workload, systems) for workload in group}
-                once = all(w == "memory" or getattr(shapes.SHAPES.get(w), "once", False)
+                once = all(w in ONCE or getattr(shapes.SHAPES.get(w), "once", False)
                            for w in group)
                 for number in range(1 if once else options.rounds):
                     for system, workload in interleaved(chosen):
@@ -147,6 +149,10 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
                                     options.size)
         finally:
             server.stop()
+    if workload == "restart":
+        files = workdir / f"restart-{system.name.replace('/', '-')}"
+        return workloads.restart(system.client, lambda: start(system.server, files), queue,
+                                 options.restart_messages, options.size)
     server = fleet.get(system.server)
     if workload == "paced":
         return workloads.paced(system.client, server, queue, options.paced_messages,
@@ -172,6 +178,9 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
 
 
 def brief(figures: dict[str, Any]) -> str:
+    if "recovery" in figures:
+        return (f"back in {figures['recovery']:.2f} s, RSS {figures['rss_before'] / 1e6:.0f} "
+                f"MB before, {figures['rss'] / 1e6:.0f} MB after")
     if "rss" in figures:
         return f"RSS {figures['rss'] / 1e6:.0f} MB"
     if "p50_ms" in figures:

@@ -37,6 +37,9 @@ IN_MEMORY = {"memory", "beanstalkd", "redis", "jetstream-memory", "rabbitmq"}
 EMQP_SCALE = 0.5
 PEER_SCALE = {"beanstalkd-b-f0": 0.02}
 MEMORY = {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "beanstalkd", "redis"}
+#: a restart with a backlog: the durable setups that keep their files between
+#: two starts (``postgres`` gets a new cluster each start) and Redis from its AOF
+RESTART = {"mqks/sqlite", "mqks/log-interval", "redis-aof-everysec"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +89,7 @@ def workload_systems(workload: str, systems: list[System]) -> list[System]:
     can have each publish confirmed; W2 the in-memory ones; paced latency
     the in-memory stream protocols; memory MQKS per backend (the fsync mode
     does not change what is kept) and beanstalkd and Redis without
-    persistence."""
+    persistence; restart ``RESTART``."""
     if workload == "w1":
         return systems
     if workload == "w1c":
@@ -97,4 +100,6 @@ def workload_systems(workload: str, systems: list[System]) -> list[System]:
         return [s for s in systems if s.in_memory and not s.name.startswith("http")]
     if workload == "memory":
         return [s for s in systems if s.name in MEMORY]
+    if workload == "restart":
+        return [s for s in systems if s.name in RESTART]
     raise ValueError(workload)

@@ -1,4 +1,5 @@
-"""The workloads, one round each: W1 (W3 on a durable backend) and W1c, W2, paced latency, memory.
+"""The workloads, one round each: W1 (W3 on a durable backend) and W1c, W2, paced latency, memory,
+restart.
 
 Every round gets a fresh queue and fresh client connections, measures wall
 time with ``perf_counter``, the client's CPU (``getrusage``: every thread
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import resource
+import socket
 import statistics
 import threading
 import time
@@ -17,7 +19,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from bench.clients import CHUNK, LoadClient, bodies, stamp, stamped_at
+from bench.clients import CHUNK, LoadClient, bodies, connect, recv, stamp, stamped_at
 from bench.proc import Server
 
 ClientFactory = Callable[[dict[str, int], str], LoadClient]
@@ -174,17 +176,78 @@ def memory(make: ClientFactory, server: Server, queue: str, count: int,
            size: int) -> dict[str, Any]:
     """RSS of ``server`` (fresh) before and after it takes ``count`` ready messages."""
     before = server.rss_bytes()
+    meter = Meter(server)
+    fill(make, server, queue, count, size)
+    time.sleep(1.0)  # let a durable backend's last batch settle
+    result = meter.finish(count=count)
+    result["rss_before"] = before
+    result["rss"] = server.rss_bytes()
+    return result
+
+
+def fill(make: ClientFactory, server: Server, queue: str, count: int, size: int) -> None:
+    """Leave ``count`` ready messages of ``size`` bytes in ``queue`` (confirmed by ``flush``)."""
     client = make(server.ports, queue)
     try:
-        meter = Meter(server)
         for n in range(0, count, 100 * CHUNK):
             for chunk in encoded(client, min(100 * CHUNK, count - n), size):
                 client.send(chunk)
         client.flush()
-        time.sleep(1.0)  # let a durable backend's last batch settle
-        result = meter.finish(count=count)
     finally:
         client.close()
-    result["rss_before"] = before
-    result["rss"] = server.rss_bytes()
-    return result
+
+
+def restart(make: ClientFactory, start: Callable[[], Server], queue: str, count: int,
+            size: int) -> dict[str, Any]:
+    """Time a restart with ``count`` ready messages: fill a fresh server, read its
+    RSS, stop it (SIGTERM), start it again on the same files and time until it
+    answers that all ``count`` are there (``backlog``); then its RSS."""
+    server = start()
+    try:
+        fill(make, server, queue, count, size)
+        time.sleep(1.0)  # a durable backend's last batch settles, as in ``memory``
+        before = server.rss_bytes()
+    finally:
+        server.stop()
+    client_cpu = cpu()
+    started = time.perf_counter()
+    server = start()
+    try:
+        deadline = started + 600
+        while (found := backlog(server, queue)) != count:
+            if time.perf_counter() > deadline:
+                raise RuntimeError(f"{server.name}: {found} of {count} messages after a restart")
+            time.sleep(0.01)
+        wall = time.perf_counter() - started
+        return {"count": count, "wall": wall, "recovery": wall, "client_cpu": cpu() - client_cpu,
+                "server_cpu": server.cpu_seconds(), "rss_before": before,
+                "rss": server.rss_bytes()}
+    finally:
+        server.stop()
+
+
+def backlog(server: Server, queue: str) -> int | None:
+    """Ready messages in ``queue`` as the server tells them (None: not serving yet).
+
+    MQKS ``_eval`` of its stats view; Redis ``LLEN``, which answers
+    ``-LOADING`` while the AOF is being read."""
+    try:
+        if "mqks" in server.ports:
+            with connect(server.ports["mqks"]) as sock:
+                sock.sendall(b"n _eval sum(q.qsize() for q in state.queues.itervalues())\n")
+                reply = read_line(sock, b"\n")
+            return int(reply.split()[2]) if reply.startswith(b"n ok ") else None
+        with connect(server.ports["main"]) as sock:
+            key = queue.encode()
+            sock.sendall(b"*2\r\n$4\r\nLLEN\r\n$%d\r\n%s\r\n" % (len(key), key))
+            reply = read_line(sock, b"\r\n")
+        return int(reply[1:]) if reply.startswith(b":") else None
+    except OSError:
+        return None
+
+
+def read_line(sock: socket.socket, end: bytes) -> bytes:
+    data = b""
+    while not data.endswith(end):
+        data += recv(sock)
+    return data.strip()

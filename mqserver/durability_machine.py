@@ -57,6 +57,7 @@ from mqserver.durability import (
 )
 from mqserver.interfaces import IMessageStore
 from mqserver.model import QueueOptions, Recovered
+from mqserver.packed import Backlog
 from mqserver.testing import RecordingSink
 
 EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
@@ -66,6 +67,10 @@ STEPS = 50
 """Rules per example, at most."""
 PACK_READY_AFTER = 3
 """``--pack-ready-after`` of the machine's broker: small, so ready queues pack."""
+PACK_CHUNK = 4
+"""Messages per packed chunk of the machine's broker and of the ``Backlog`` its
+stores recover into: small, so packed queues hold chunks (recovered backlogs
+too, and tails the writer held, packed once it lets go)."""
 SETTLE = ("ack", "ack_any", "ack_run", "ack_all", "reject", "reject", "reject_all", "dead_letter")
 """The ways to settle a delivery (``DurabilityMachine.settle``)."""
 CRASH_POINTS = 8
@@ -173,6 +178,7 @@ class DurabilityMachine(RuleBasedStateMachine):
         self.clock.advance(now)
         self.broker = Broker(store, self.clock)
         self.broker.pack_ready_after = PACK_READY_AFTER
+        self.broker.pack_chunk = PACK_CHUNK
         store.broker = self.broker
         self.broker.load(recovered)
         self.store = store
@@ -438,7 +444,16 @@ def verify_store(make_store: Callable[[Path], IMessageStore], directory: Path,
         max_examples=max_examples or examples(), stateful_step_count=STEPS, deadline=None,
         suppress_health_check=list(HealthCheck), database=None, print_blob=True,
     )
-    return deferToThread(run_state_machine_as_test, machine, settings=options)
+    return deferToThread(_with_small_backlog_chunks, machine, options)
+
+
+def _with_small_backlog_chunks(machine: type[DurabilityMachine], options: settings) -> None:
+    """Run the machine while stores recover into chunks of ``PACK_CHUNK`` messages."""
+    Backlog.chunk_size = PACK_CHUNK
+    try:
+        run_state_machine_as_test(machine, settings=options)
+    finally:
+        Backlog.chunk_size = CHUNK
 
 
 def _reactor() -> Any:

@@ -9,7 +9,6 @@ records use ``__slots__`` because a broker holds millions of messages.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -142,29 +141,6 @@ class RecoveredQueue:
     options: QueueOptions = field(default_factory=QueueOptions)
     bindings: set[bytes] = field(default_factory=set)
     messages: list[Message] = field(default_factory=list)
-
-
-def share_recovered_values(queues: Iterable[RecoveredQueue]) -> None:
-    """Let recovered messages share equal queue and event names, sources and times.
-
-    A store decodes every row into fresh objects, while live publishing shares
-    these between messages (the route cache's event name, the publish time
-    within a millisecond): without this a restarted broker would hold about
-    190 bytes more per message than the one that published them.
-    """
-    names: dict[bytes, bytes] = {}
-    sources: dict[str, str] = {}
-    times: dict[float, float] = {}
-    for rq in queues:
-        for message in rq.messages:
-            message.queue = rq.name
-            if message.event is not None:
-                message.event = names.setdefault(message.event, message.event)
-            if message.source is not None:
-                message.source = sources.setdefault(message.source, message.source)
-            message.created_at = times.setdefault(message.created_at, message.created_at)
-            if message.expires_at is not None:
-                message.expires_at = times.setdefault(message.expires_at, message.expires_at)
 
 
 @dataclass

@@ -26,15 +26,19 @@ from mqserver.broker.moving import Mover, MoveResult
 from mqserver.broker.overflow import Overflow
 from mqserver.broker.publishing import Publishing
 from mqserver.broker.queue import Connection, Queue
-from mqserver.broker.ready import PACK_READY_AFTER
+from mqserver.broker.ready import CHUNK, PACK_READY_AFTER, PackedReady
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
 from mqserver.broker.subscriptions import Subscriptions
 from mqserver.broker.topology import Topology
 from mqserver.broker.writer import StoreWriter
 from mqserver.interfaces import IBroker, IMessageStore
 from mqserver.model import DELETE, PUT, Message, Recovered
+from mqserver.packed import Backlog
 
 log = Logger()
+
+# chunks a queue packs per reactor turn while it catches up (about 1 ms each)
+CATCH_UP = 8
 
 __all__ = ["KEEP", "MAX_RETRIES", "Broker"]
 
@@ -49,12 +53,22 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         self.dispatch_batch = dispatch_batch
         # ready messages a queue keeps as objects before packing more (0: never)
         self.pack_ready_after = PACK_READY_AFTER
+        # messages per packed chunk (small in the durability machine)
+        self.pack_chunk = CHUNK
+        # packed queues whose tail waits for the writer to let go (see _catch_up)
+        self._lagging: set[Queue] = set()
+        self._catch_up_call: Any = None
         self.queues: dict[bytes, Queue] = {}
         self.bindings = BindingIndex()
         self.connections: dict[int, Connection] = {}
         self.writer = StoreWriter(store, clock) if store.durable else None
+        if self.writer is not None:
+            self.writer.on_idle = self._writer_idle
         # the memory alarm: off until configured (see mqserver.broker.flow)
         self.flow = MemoryAlarm(clock)
+        if self.writer is not None:
+            # a store far behind pauses publishers as the memory alarm does
+            self.writer.on_behind = self.flow.store_behind
         # mqserver.connlimits.ConnectionLimits of the listeners (set by makeService), for stats
         self.connection_limits: Any = None
         # the event journal (mqserver.journal.writer.Journal) or None: each
@@ -94,13 +108,47 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
             self._apply_limits(queue)
             for event in rq.bindings:
                 self.bindings.bind(rq.name, event)
-            queue.restore(rq.messages)
-            for message in rq.messages:
-                if message.expires_at is not None:
-                    heapq.heappush(self._expiry, (message.expires_at, rq.name))
+            messages = rq.messages
+            if not isinstance(messages, Backlog):  # a Backlog is in order, and packed
+                messages = sorted(messages, key=_seq)
+            for expires_at in queue.load(messages, self.pack_ready_after, self.pack_chunk,
+                                         self._lagging):
+                heapq.heappush(self._expiry, (expires_at, rq.name))
         self._seq = max(self._seq, recovered.next_seq)
         for namespace, values in recovered.records.items():
             self.records.setdefault(namespace, {}).update(values)
+
+    def _repack(self, queue: Queue) -> None:
+        """``Queue.pack_ready`` with this broker's settings (once ``enqueued`` reaches
+        ``queue.pack_check_at``)."""
+        queue.pack_ready(self.pack_ready_after, self.pack_chunk, self._lagging)
+
+    def _writer_idle(self) -> None:
+        if self._lagging and self._catch_up_call is None:
+            self._catch_up_call = self.clock.callLater(0, self._catch_up)
+
+    def _catch_up(self) -> None:
+        """Pack what packed queues left as objects while the writer held it.
+
+        A burst into a durable store leaves its newest messages in the tail
+        of ``PackedReady`` (packing waits for the writer: see ``_pack``
+        there); once the writer is idle they are packed here, a few chunks per
+        queue per reactor turn, so a backlog that stopped growing is not left
+        at three times the memory.
+        """
+        self._catch_up_call = None
+        # the same set throughout: each PackedReady adds its queue to it
+        # (``on_lag``) when the writer holds its tail again
+        lagging = list(self._lagging)
+        self._lagging.clear()
+        more = False
+        for queue in lagging:
+            ready = queue.ready
+            if not queue.deleted and isinstance(ready, PackedReady) and ready.catch_up(CATCH_UP):
+                self._lagging.add(queue)
+                more = True
+        if more:
+            self._catch_up_call = self.clock.callLater(0, self._catch_up)
 
     def durable(self) -> Deferred[None]:
         return self.writer.wait() if self.writer is not None else succeed(None)
@@ -198,3 +246,7 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
 
     def consumer_count(self) -> int:
         return sum(len(queue.consumers) for queue in self.queues.values())
+
+
+def _seq(message: Message) -> int:
+    return message.seq

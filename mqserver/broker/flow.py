@@ -15,6 +15,11 @@ told to stop reading, and one that publishes for the first time while the
 alarm is on is stopped at once.  Consumers keep reading, so acks still
 drain queues.  Below ``low`` bytes the alarm goes off and reading resumes.
 
+The same pause holds while a durable store's writer is far behind
+(``store_behind``, set by the broker): a publisher faster than the disk
+would otherwise pile its messages up in the writer's backlog, as objects
+that cannot be packed until written, without bound.
+
 Freed memory does not always go back to the operating system (glibc keeps
 freed chunks in its arenas), so while the alarm is on each check first asks
 glibc to return what it can (``malloc_trim``); otherwise a drained broker
@@ -128,6 +133,8 @@ class MemoryAlarm:
         self.high: int | None = None
         self.low: int | None = None
         self.active = False
+        # the store's writer is far behind (see the module docstring)
+        self.store_waiting = False
         self.used = 0
         self.alarms = 0
         # weak: a connection that went away without saying so is simply forgotten
@@ -153,15 +160,32 @@ class MemoryAlarm:
             self._loop.stop()
         self._loop = None
 
+    @property
+    def paused(self) -> bool:
+        """Publishers are not read: the memory alarm is on, or the store is far behind."""
+        return self.active or self.store_waiting
+
+    def store_behind(self, waiting: bool) -> None:
+        """The store's writer is (no longer) far behind: stop (resume) reading publishers."""
+        if waiting == self.store_waiting:
+            return
+        was = self.paused
+        self.store_waiting = waiting
+        log.info("storage writes {state}: {action} reading from {n} publishing connections",
+                 state="far behind" if waiting else "caught up",
+                 action="stopped" if waiting else "resumed", n=len(self.publishers))
+        if self.paused != was:
+            self._pause_all(self.paused)
+
     def publishing(self, publisher: Any) -> None:
-        """``publisher`` (an ``IFlowControlled``) publishes; paused at once during an alarm.
+        """``publisher`` (an ``IFlowControlled``) publishes; paused at once while ``paused``.
 
         Call it once per connection: a ``WeakSet`` membership test costs far
         more than an attribute test on the caller's side.
         """
         if publisher not in self.publishers:
             self.publishers.add(publisher)
-            if self.active:
+            if self.paused:
                 publisher.pause_reading()
 
     def forget(self, publisher: Any) -> None:
@@ -181,6 +205,7 @@ class MemoryAlarm:
             log.failure("memory check failed; it runs again next interval")
 
     def _set(self, active: bool) -> None:
+        was = self.paused
         self.active = active
         publishers = list(self.publishers)
         if active:
@@ -196,9 +221,13 @@ class MemoryAlarm:
                 "resumed reading from {n} publishing connections",
                 used=self.used, low=self.low, n=len(publishers),
             )
-        for publisher in publishers:
+        if self.paused != was:
+            self._pause_all(self.paused)
+
+    def _pause_all(self, pause: bool) -> None:
+        for publisher in list(self.publishers):
             try:
-                if active:
+                if pause:
                     publisher.pause_reading()
                 else:
                     publisher.resume_reading()

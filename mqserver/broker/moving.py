@@ -129,7 +129,7 @@ class Mover:
         target.ready.append(copy)
         target.enqueued += 1
         if target.enqueued >= target.pack_check_at:  # see Queue.pack_ready
-            target.pack_ready(broker.pack_ready_after)
+            broker._repack(target)
         if copy.expires_at is not None:
             target.ttl_ready += 1
             broker._watch_expiry(target, copy)

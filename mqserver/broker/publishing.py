@@ -39,7 +39,6 @@ class Publishing:
     journal: Any
     writer: Any
     rejecting: int
-    pack_ready_after: int
     published: int
     queued: int
     unroutable: int
@@ -51,6 +50,7 @@ class Publishing:
     _discard: Callable[..., None]
     _watch_expiry: Callable[..., None]
     _kick: Callable[[Queue], None]
+    _repack: Callable[[Queue], None]
 
     def publish_event(
         self,
@@ -164,7 +164,7 @@ class Publishing:
                 # queue.ready read each time: pack_ready may swap it within a run
                 queue.ready.append(message)
                 if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
-                    queue.pack_ready(self.pack_ready_after)
+                    self._repack(queue)
                 if expires_at is not None:
                     queue.ttl_ready += 1
                     self._watch_expiry(queue, message)
@@ -180,6 +180,8 @@ class Publishing:
         for queue in queues:
             if queue.consumers:
                 self._kick(queue)
+        if writer is not None and len(writer.ops) > writer.behind_at and not writer.is_behind:
+            writer.behind()  # stop reading publishers until the store catches up
         return message
 
     def _journal_tag(self, queue: Queue, source: str | None) -> int:
@@ -202,7 +204,7 @@ class Publishing:
         """
         queue.ready.append(message)
         if queue.enqueued >= queue.pack_check_at:  # see Queue.pack_ready
-            queue.pack_ready(self.pack_ready_after)
+            self._repack(queue)
         if message.expires_at is not None:
             queue.ttl_ready += 1
             self._watch_expiry(queue, message)

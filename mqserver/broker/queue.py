@@ -7,10 +7,12 @@ import sys
 from bisect import insort
 from collections import deque
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 from mqserver.broker.ready import CHUNK, PackedReady, take_expired
 from mqserver.model import Message, QueueOptions
+from mqserver.packed import Backlog, expiries
 
 
 class Queue:
@@ -104,18 +106,41 @@ class Queue:
             else:
                 insort(ready, message, key=_seq)
 
-    def pack_ready(self, threshold: int) -> None:
+    def load(self, messages: Iterable[Message], threshold: int, chunk: int = CHUNK,
+             lagging: set[Queue] | None = None) -> list[float]:
+        """Take a recovered backlog (in seq order) into this new, empty queue.
+
+        Past ``threshold`` (``--pack-ready-after``) it stays packed: a store's
+        ``Backlog`` as its chunks are, a list packed here, as live publishing
+        would have packed it; a restart must not hold a big backlog as a
+        million objects where the broker before it held chunks.  Returns the
+        messages' expiry times, for the broker's sweep.
+        """
+        times = expiries(messages)
+        self.ttl_ready += len(times)
+        if not 0 < threshold < len(messages):  # type: ignore[arg-type]
+            self.ready = deque(messages)
+        elif isinstance(messages, Backlog):
+            self.ready = PackedReady.of_backlog(messages, chunk, _lag(self, lagging))
+        else:
+            self.ready = PackedReady.of(list(messages), threshold, chunk, _lag(self, lagging))
+        return times
+
+    def pack_ready(self, threshold: int, chunk: int = CHUNK,
+                   lagging: set[Queue] | None = None) -> None:
         """Swap ``ready`` to or from its packed form (``Broker._append`` calls it
         once ``enqueued`` reaches ``pack_check_at``).
 
         ``threshold`` (``--pack-ready-after``, 0 or less: never) is the most
-        ready messages kept as objects.  Back to a deque once no chunk is left
-        and the queue is within it again: a deque's append and popleft are a
-        good deal cheaper than a Python method, and small queues are the hot
-        path.  The next check is due when publishes alone could take a deque
-        past the threshold (requeues and restores may add a few more before
-        it), or while packed after ``CHUNK`` publishes, to see whether it can
-        swap back.
+        ready messages kept as objects; ``chunk`` messages go to a chunk; the
+        queue joins ``lagging`` when packing waits for a durable store's
+        writer to let go of messages (``PackedReady.catch_up``).  Back to a
+        deque once no chunk is left and the queue is within it again: a
+        deque's append and popleft are a good deal cheaper than a Python
+        method, and small queues are the hot path.  The next check is due
+        when publishes alone could take a deque past the threshold (requeues
+        and restores may add a few more before it), or while packed after
+        ``chunk`` publishes, to see whether it can swap back.
         """
         threshold = threshold if threshold > 0 else sys.maxsize
         ready = self.ready
@@ -123,9 +148,9 @@ class Queue:
             if not ready.chunks and len(ready) <= threshold:
                 self.ready = ready.unpacked()
         elif len(ready) > threshold:
-            self.ready = PackedReady(ready)
+            self.ready = PackedReady(ready, chunk, _lag(self, lagging))
         if isinstance(self.ready, PackedReady):
-            self.pack_check_at = self.enqueued + CHUNK
+            self.pack_check_at = self.enqueued + chunk
         else:
             self.pack_check_at = self.enqueued + max(1, threshold + 1 - len(self.ready))
 
@@ -151,6 +176,10 @@ class Queue:
 
 def _seq(message: Message) -> int:
     return message.seq
+
+
+def _lag(queue: Queue, lagging: set[Queue] | None) -> Any:
+    return None if lagging is None else partial(lagging.add, queue)
 
 
 class Consumer:

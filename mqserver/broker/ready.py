@@ -21,139 +21,21 @@ identity once delivered, in ``Consumer.unacked``).
 
 from __future__ import annotations
 
-import math
 import sys
-from array import array
 from collections import deque
-from collections.abc import Iterable, Iterator
-from itertools import accumulate, pairwise, repeat
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
 
 from mqserver.model import Message
+from mqserver.packed import CHUNK, Backlog, Chunk
 
-# messages per chunk: large enough that a chunk's fixed cost (~1 KB: the
-# arrays' and the joined bytes' headers) is about a byte per message, small
-# enough that unpacking one costs well under a millisecond
-CHUNK = 1024
+__all__ = ["CHUNK", "PACK_READY_AFTER", "Chunk", "PackedReady", "take_expired"]
+
 # default --pack-ready-after: above W1's 200,000-message backlog, so ordinary
 # backlogs never pay for packing (about 1-1.5 us per message, pack plus unpack)
 PACK_READY_AFTER = 250_000
 
-_NONE = math.nan  # expires_at None in the float array
-_BYTES_ONLY = {bytes}
 # sys.getrefcount of a message only a deque holds: the deque's reference and the argument's
 _ONLY_THE_TAIL = 2
-
-
-def _shared(values: list[Any]) -> Any:
-    """One value if every message holds that same object, else the list.
-
-    Queue names, event names, sources (and headers, if a client reuses them)
-    are normally shared by a whole burst; the list is the exception.  A list
-    is never itself a field value, so ``type(column) is list`` tells them apart.
-    """
-    first = values[0]
-    for value in values:
-        if value is not first:
-            return values
-    return first
-
-
-def _column(column: Any, count: int) -> Iterable[Any]:
-    return column if type(column) is list else repeat(column, count)
-
-
-def _joined(values: list[bytes]) -> tuple[bytes, array[int]] | list[bytes]:
-    """Byte strings as one ``bytes`` plus end offsets, or the list if any is not ``bytes``."""
-    if set(map(type, values)) != _BYTES_ONLY:
-        return values
-    data = b"".join(values)
-    ends = array("I" if len(data) < 1 << 32 else "Q", accumulate(map(len, values)))
-    return data, ends
-
-
-def _split(column: tuple[bytes, array[int]] | list[bytes]) -> list[bytes]:
-    if type(column) is list:
-        return column
-    data, ends = column
-    return [data[start:end] for start, end in pairwise([0, *ends])]
-
-
-def _one(column: tuple[bytes, array[int]] | list[bytes], i: int) -> bytes:
-    if type(column) is list:
-        return column[i]
-    data, ends = column
-    return data[ends[i - 1] if i else 0:ends[i]]
-
-
-class Chunk:
-    """Up to a few thousand consecutive ready messages as columns.
-
-    ``seqs`` is a ``range`` when consecutive (a burst into one queue), else an
-    array; ``expires`` is None when no message has a TTL, else floats with
-    NaN for "none"; ``retries`` is one int when all are equal (normally 0).
-    ``first_expiry`` lets the TTL sweep skip a chunk without unpacking it.
-    """
-
-    __slots__ = ("bodies", "count", "created", "events", "expires", "first_expiry",
-                 "headers", "ids", "queues", "retries", "seqs", "sources")
-
-    def __init__(self, messages: list[Message]) -> None:
-        count = self.count = len(messages)
-        # one comprehension per field: the attribute reads are specialized,
-        # about twice as fast as map(attrgetter(...))
-        self.ids = _joined([m.id for m in messages])
-        self.bodies = _joined([m.body for m in messages])
-        self.queues = _shared([m.queue for m in messages])
-        self.events = _shared([m.event for m in messages])
-        self.headers = _shared([m.headers for m in messages])
-        self.sources = _shared([m.source for m in messages])
-        seqs = [m.seq for m in messages]
-        first = seqs[0]
-        consecutive = seqs[-1] - first == count - 1 and seqs == list(range(first, first + count))
-        self.seqs = range(first, first + count) if consecutive else array("q", seqs)
-        self.created = array("d", [m.created_at for m in messages])
-        expires = [m.expires_at for m in messages]
-        if expires.count(None) == count:
-            self.expires = None
-            self.first_expiry = math.inf
-        else:
-            self.expires = array("d", [_NONE if value is None else value for value in expires])
-            self.first_expiry = min(value for value in expires if value is not None)
-        retries = [m.retry for m in messages]
-        self.retries = retries[0] if retries.count(retries[0]) == count else array("q", retries)
-
-    def unpack(self) -> list[Message]:
-        """The messages, as fresh objects, in order."""
-        count = self.count
-        expires: Iterable[float | None] = (
-            repeat(None, count) if self.expires is None
-            else [None if value != value else value for value in self.expires]
-        )
-        retries = self.retries
-        return list(map(
-            Message, _split(self.ids), _column(self.queues, count), _split(self.bodies),
-            self.seqs, _column(self.events, count), _column(self.headers, count),
-            self.created, expires,
-            repeat(retries, count) if type(retries) is int else retries,
-            _column(self.sources, count),
-        ))
-
-    def message(self, i: int) -> Message:
-        """Message ``i`` alone (for peeks at either end and bisecting by seq)."""
-        i %= self.count
-        expires = None if self.expires is None else self.expires[i]
-        retries = self.retries
-        return Message(
-            _one(self.ids, i), _at(self.queues, i), _one(self.bodies, i), self.seqs[i],
-            _at(self.events, i), _at(self.headers, i), self.created[i],
-            None if expires != expires else expires,
-            retries if type(retries) is int else retries[i], _at(self.sources, i),
-        )
-
-
-def _at(column: Any, i: int) -> Any:
-    return column[i] if type(column) is list else column
 
 
 class PackedReady:
@@ -166,14 +48,44 @@ class PackedReady:
     copied) and swaps back once no chunk is left and it is small again.
     """
 
-    __slots__ = ("chunk_size", "chunks", "head", "packed", "tail")
+    __slots__ = ("chunk_size", "chunks", "head", "on_lag", "packed", "tail")
 
-    def __init__(self, head: deque[Message], chunk_size: int = CHUNK) -> None:
+    def __init__(self, head: deque[Message], chunk_size: int = CHUNK,
+                 on_lag: Callable[[], object] | None = None) -> None:
         self.head = head
         self.chunk_size = chunk_size
         self.chunks: deque[Chunk] = deque()
         self.packed = 0  # messages in chunks
         self.tail: deque[Message] = deque()
+        # called when packing waits for a durable store's writer (see _pack)
+        self.on_lag = on_lag
+
+    @classmethod
+    def of(cls, messages: list[Message], keep: int, chunk_size: int = CHUNK,
+           on_lag: Callable[[], object] | None = None) -> PackedReady:
+        """``messages`` (in order) with the first ``keep`` as objects and the rest packed.
+
+        A recovered backlog: the layout live publishing gives a queue past
+        ``keep`` ready messages, so a restart holds what the broker held before it.
+        """
+        ready = cls(deque(messages[:keep]), chunk_size, on_lag)
+        chunks = ready.chunks
+        end = len(messages) - (len(messages) - keep) % chunk_size
+        for start in range(keep, end, chunk_size):
+            chunks.append(Chunk(messages[start:start + chunk_size]))
+        ready.packed = end - keep
+        ready.tail.extend(messages[end:])
+        return ready
+
+    @classmethod
+    def of_backlog(cls, backlog: Backlog, chunk_size: int = CHUNK,
+                   on_lag: Callable[[], object] | None = None) -> PackedReady:
+        """A store's recovered ``Backlog``, its chunks taken as they are."""
+        ready = cls(deque(), chunk_size, on_lag)
+        ready.chunks.extend(backlog.chunks)
+        ready.packed = backlog.packed
+        ready.tail.extend(backlog.tail)
+        return ready
 
     def __len__(self) -> int:
         return len(self.head) + self.packed + len(self.tail)
@@ -198,13 +110,28 @@ class PackedReady:
         At most two chunks per append, so a tail that grew meanwhile shrinks
         again without one long pause.
         """
+        self.catch_up(2)
+
+    def catch_up(self, most: int) -> bool:
+        """Pack up to ``most`` chunks of the tail; True if it stopped at ``most`` with more to do.
+
+        A tail whose oldest messages are still held elsewhere stays as it is
+        and ``on_lag`` is told: the broker calls this again once its writer
+        let go of them (``Broker._catch_up``), so a backlog that stopped
+        growing is packed too, not only one that keeps growing.
+        """
         tail = self.tail
         size = self.chunk_size
-        for _ in range(2):
-            if len(tail) <= size or sys.getrefcount(tail[size - 1]) > _ONLY_THE_TAIL:
-                return
+        for _ in range(most):
+            if len(tail) <= size:
+                return False
+            if sys.getrefcount(tail[size - 1]) > _ONLY_THE_TAIL:
+                if self.on_lag is not None:
+                    self.on_lag()
+                return False
             self.chunks.append(Chunk([tail.popleft() for _ in range(size)]))
             self.packed += size
+        return len(tail) > size
 
     def extend(self, messages: Iterable[Message]) -> None:
         for message in messages:

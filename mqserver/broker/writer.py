@@ -14,6 +14,7 @@ Meanwhile the broker keeps serving from memory, and ``failing`` (with
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.defer import Deferred, maybeDeferred, succeed
@@ -24,6 +25,10 @@ from twisted.python.failure import Failure
 from mqserver.interfaces import IMessageStore
 
 log = Logger()
+
+BEHIND_AT = 100_000
+"""Ops waiting for the store past which publishers are not read: about 40 MB of
+messages held as objects (the store writes 10,000 per batch)."""
 
 
 class StoreWriter:
@@ -62,6 +67,14 @@ class StoreWriter:
         self.batch_seconds_total = 0.0
         self.failures = 0
         self.last_error: str | None = None
+        # called when a batch succeeded and nothing is pending: the writer
+        # holds no message any more (the broker then packs what it could not)
+        self.on_idle: Callable[[], object] | None = None
+        # ops pending past which the broker stops reading publishers until
+        # half of them are written (``behind``); told through ``on_behind``
+        self.behind_at = BEHIND_AT
+        self.is_behind = False
+        self.on_behind: Callable[[bool], object] | None = None
 
     @property
     def failing(self) -> bool:
@@ -92,6 +105,12 @@ class StoreWriter:
         """
         self._glued.add(id(op))
         self.add(op)
+
+    def behind(self) -> None:
+        """More than ``behind_at`` ops wait (the broker checks after each publish run)."""
+        self.is_behind = True
+        if self.on_behind is not None:
+            self.on_behind(True)
 
     def wait(self) -> Deferred[None]:
         """Fires when every op added so far is durable (fails if its batch failed)."""
@@ -153,8 +172,14 @@ class StoreWriter:
         self._delay = self.retry_delay
         for d in waiters:
             d.callback(None)
+        if self.is_behind and len(self.ops) <= self.behind_at // 2:
+            self.is_behind = False
+            if self.on_behind is not None:
+                self.on_behind(False)
         if self.ops:
             self._flush()
+        elif self.on_idle is not None:
+            self.on_idle()
 
     def _failed(self, failure: Failure, batch: list[tuple[Any, ...]],
                 waiters: list[Deferred[None]]) -> None:

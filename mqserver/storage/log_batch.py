@@ -21,8 +21,9 @@ import zlib
 from typing import Any
 
 from mqserver.model import ENQUEUE, REMOVE, REQUEUE
+from mqserver.storage import log_index
 from mqserver.storage import log_records as records
-from mqserver.storage.log_index import LogIndex
+from mqserver.storage.log_index import LogIndex, SeqIndex
 
 _SIZE_MASK = 0xFFFFFFFF  # the frame size in a ``loc``
 
@@ -43,6 +44,7 @@ def encode_batch(
     length_crcs, crc32 = records.LENGTH_CRCS, zlib.crc32
     small = len(length_crcs)
     messages, live = index.messages, index.live
+    archive_at = log_index.ARCHIVE_AT  # read here: a test may make it small
     live.setdefault(segment, 0)  # an op may drop a record this batch wrote
     parts: list[bytes] = []
     append = parts.append
@@ -81,9 +83,14 @@ def encode_batch(
             seq = message.seq
             by_seq = messages.get(message.queue)
             if by_seq is None:
-                by_seq = messages[message.queue] = {}
+                by_seq = messages[message.queue] = SeqIndex()
             old = by_seq.get(seq)
-            by_seq[seq] = location
+            if old is None and seq <= by_seq.last:  # an archived seq (SeqIndex)
+                old = by_seq.put_old(seq, location)
+            else:
+                by_seq[seq] = location
+                if len(by_seq) > archive_at:
+                    by_seq.archive()
             added += size
             if old is not None:
                 live[old >> 64] -= old & _SIZE_MASK
@@ -93,6 +100,8 @@ def encode_batch(
         elif kind == REMOVE:
             by_seq = messages.get(op[1])
             old = None if by_seq is None else by_seq.pop(op[2], None)
+            if old is None and by_seq is not None and op[2] <= by_seq.last:
+                old = by_seq.take(op[2])
             if old is not None:
                 live[old >> 64] -= old & _SIZE_MASK
                 dropped += old & _SIZE_MASK

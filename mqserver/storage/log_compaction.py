@@ -135,7 +135,7 @@ class Compaction:
         for offset, size, kind, key, payload in found:
             location = loc(head, offset, size)
             if kind in records.MESSAGE_KINDS:
-                live = index.messages.get(key[0], {}).get(key[1]) == location
+                live = index.message_location(key[0], key[1]) == location
             elif kind == records.K_DECLARE:
                 live = index.declares.get(key) == location
             elif kind == records.K_PUT:

@@ -16,6 +16,10 @@ rest.  ``tests/unit/test_log_batch.py`` checks that both build the same index.
 
 from __future__ import annotations
 
+import heapq
+from array import array
+from bisect import bisect_left
+from collections.abc import Iterator
 from typing import Any
 
 from mqserver.model import (
@@ -44,11 +48,108 @@ def loc_size(location: int) -> int:
     return location & 0xFFFFFFFF
 
 
+ARCHIVE_AT = 65_536
+"""Entries a queue's ``SeqIndex`` keeps in its dict before they move to its arrays."""
+_MASK = (1 << 64) - 1
+
+
+class SeqIndex(dict[int, int]):
+    """One queue's live messages: seq -> location, the newest in the dict itself.
+
+    A dict entry costs about 110 bytes (the entry, an int key, a 128-bit
+    location int); a million waiting messages would cost more than their
+    packed bodies.  Past ``ARCHIVE_AT`` entries the dict's go to three arrays
+    (seq, segment, offset and size: 20 bytes each), sorted by seq, where a
+    remove marks its entry 0 and the head is skipped as acks reach it (FIFO,
+    so nearly every remove is the first live entry).  Callers use the dict
+    first, as C code, and the arrays only for a seq at or below ``last``.
+    """
+
+    __slots__ = ("first", "last", "places", "segments", "seqs")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seqs = array("q")
+        self.segments = array("Q")
+        self.places = array("Q")  # offset << 32 | size; 0: removed
+        self.first = 0  # the first entry that may be live
+        self.last = -1  # the highest archived seq
+
+    def archive(self) -> None:
+        """Move the dict's entries to the arrays."""
+        items = sorted(self.items())
+        self.clear()
+        if items and items[0][0] <= self.last:  # a seq below the archived ones: merge
+            items = sorted([*self.archived(), *items])
+            self.seqs, self.segments, self.places = array("q"), array("Q"), array("Q")
+            self.first = 0
+        self.seqs.extend([seq for seq, _ in items])
+        self.segments.extend([location >> 64 for _, location in items])
+        self.places.extend([location & _MASK for _, location in items])
+        self.last = self.seqs[-1] if self.seqs else -1
+
+    def _find(self, seq: int) -> int:
+        seqs, i = self.seqs, self.first
+        if i < len(seqs) and seqs[i] == seq:
+            return i if self.places[i] else -1
+        i = bisect_left(seqs, seq, i)
+        return i if i < len(seqs) and seqs[i] == seq and self.places[i] else -1
+
+    def take(self, seq: int) -> int | None:
+        """Remove archived ``seq``; its location, or None if it is not there."""
+        i = self._find(seq)
+        if i < 0:
+            return None
+        places = self.places
+        location = (self.segments[i] << 64) | places[i]
+        places[i] = 0
+        if i == self.first:
+            end = len(places)
+            i += 1
+            while i < end and not places[i]:
+                i += 1
+            self.first = i
+            if i > 4096 and 2 * i > end:  # drop the removed head
+                del self.seqs[:i], self.segments[:i], places[:i]
+                self.first = 0
+        return location
+
+    def put_old(self, seq: int, location: int) -> int | None:
+        """Put ``seq``, at or below ``last``: moved in the arrays if archived (its old
+        location returned), else into the dict (None; ``archive`` merges it)."""
+        i = self._find(seq)
+        if i < 0:
+            self[seq] = location
+            return None
+        old = (self.segments[i] << 64) | self.places[i]
+        self.segments[i], self.places[i] = location >> 64, location & _MASK
+        return old
+
+    def location(self, seq: int) -> int | None:
+        location = self.get(seq)
+        if location is None and seq <= self.last:
+            i = self._find(seq)
+            if i >= 0:
+                location = (self.segments[i] << 64) | self.places[i]
+        return location
+
+    def archived(self) -> Iterator[tuple[int, int]]:
+        segments, places = self.segments, self.places
+        for i in range(self.first, len(self.seqs)):
+            if places[i]:
+                yield self.seqs[i], (segments[i] << 64) | places[i]
+
+    def everything(self) -> Iterator[tuple[int, int]]:
+        """Every live (seq, location), in seq order, one at a time (a million
+        tuples at once would be a hundred megabytes)."""
+        return heapq.merge(self.archived(), sorted(self.items()))
+
+
 class LogIndex:
     """Live records by key, and live bytes by segment."""
 
     def __init__(self) -> None:
-        self.messages: dict[bytes, dict[int, int]] = {}  # queue -> seq -> loc
+        self.messages: dict[bytes, SeqIndex] = {}  # queue -> seq -> loc
         self.declares: dict[bytes, int] = {}  # queue -> loc of its current DECLARE
         self.bindings: dict[bytes, dict[bytes, int]] = {}  # queue -> event -> loc of BIND
         self.records: dict[bytes, dict[bytes, int]] = {}  # namespace -> key -> loc of PUT
@@ -96,20 +197,33 @@ class LogIndex:
     def put_message(self, queue: bytes, seq: int, location: int) -> None:
         by_seq = self.messages.get(queue)
         if by_seq is None:
-            by_seq = self.messages[queue] = {}
+            by_seq = self.messages[queue] = SeqIndex()
         old = by_seq.get(seq)
+        if old is None and seq <= by_seq.last:
+            old = by_seq.put_old(seq, location)
+        else:
+            by_seq[seq] = location
+            if len(by_seq) > ARCHIVE_AT:
+                by_seq.archive()
         if old is not None:
             self._drop(old)
-        by_seq[seq] = location
         self._add(location)
 
     def remove_message(self, queue: bytes, seq: int) -> bool:
         by_seq = self.messages.get(queue)
-        old = None if by_seq is None else by_seq.pop(seq, None)
+        if by_seq is None:
+            return False
+        old = by_seq.pop(seq, None)
+        if old is None and seq <= by_seq.last:
+            old = by_seq.take(seq)
         if old is None:
             return False
         self._drop(old)
         return True
+
+    def message_location(self, queue: bytes, seq: int) -> int | None:
+        by_seq = self.messages.get(queue)
+        return None if by_seq is None else by_seq.location(seq)
 
     def requeue(self, queue: bytes, old_seq: int, seq: int, location: int) -> None:
         if old_seq != seq:
@@ -146,7 +260,8 @@ class LogIndex:
             self._drop(old)
 
     def delete_queue(self, queue: bytes) -> None:
-        for location in self.messages.pop(queue, {}).values():
+        by_seq = self.messages.pop(queue, None)
+        for _, location in () if by_seq is None else by_seq.everything():
             self._drop(location)
         for location in self.bindings.pop(queue, {}).values():
             self._drop(location)

@@ -134,10 +134,13 @@ def _valid_at(buf: Any, pos: int, end: int) -> int:
     if end - pos < FRAME_SIZE:
         return -1
     magic, length, crc = FRAME.unpack_from(buf, pos)
-    if magic != RECORD_MAGIC or length == 0 or length > min(MAX_PAYLOAD, end - pos - FRAME_SIZE):
+    if magic != RECORD_MAGIC or length == 0 or length > MAX_PAYLOAD \
+            or length > end - pos - FRAME_SIZE:
         return -1
     start = pos + FRAME_SIZE
-    if zlib.crc32(buf[start : start + length], zlib.crc32(buf[pos + 2 : pos + 6])) != crc:
+    # the CRC of the length bytes from the table, as frame_header takes it
+    seed = LENGTH_CRCS[length] if length < len(LENGTH_CRCS) else zlib.crc32(buf[pos + 2:pos + 6])
+    if zlib.crc32(buf[start : start + length], seed) != crc:
         return -1
     return length
 
@@ -202,6 +205,10 @@ def encode_message(kind: int, message: Message, old_seq: int = 0) -> bytes:
     return b"".join((head, queue, mid, ev, headers, source, body))
 
 
+MESSAGE_HEAD = _MSG
+"""The fixed head of an ENQUEUE payload after its kind byte (seq first, queue length sixth)."""
+
+
 def message_key(payload: Any) -> tuple[bytes, int]:
     """(queue, seq) of an ENQUEUE or REQUEUE payload, without decoding the rest."""
     at = 1 if payload[0] == K_ENQUEUE else 9
@@ -218,24 +225,29 @@ def as_enqueue(payload: Any) -> bytes:
 
 
 def decode_message(payload: Any, at: int) -> Message:
-    seq, created, expires, retry, flags, *lengths = _MSG.unpack_from(payload, at)
+    return Message(*message_fields(payload, at, len(payload)))
+
+
+def message_fields(buf: Any, at: int, end: int) -> tuple[Any, ...]:
+    """The fields of the message whose payload's head is at ``at`` in ``buf`` and
+    which ends at ``end``, in ``Message``'s order (recovery packs them as they are)."""
+    seq, created, expires, retry, flags, lq, li, le, lh, ls, lb = _MSG.unpack_from(buf, at)
     pos = at + _MSG.size
-    parts = []
-    for length in lengths:
-        parts.append(bytes(payload[pos : pos + length]))
-        pos += length
-    if pos != len(payload):
+    queue = bytes(buf[pos:pos + lq])
+    pos += lq
+    mid = bytes(buf[pos:pos + li])
+    pos += li
+    event = bytes(buf[pos:pos + le]) if flags & _HAS_EVENT else None
+    pos += le
+    headers = json.loads(bytes(buf[pos:pos + lh])) if flags & _HAS_HEADERS else None
+    pos += lh
+    source = bytes(buf[pos:pos + ls]).decode("utf-8") if flags & _HAS_SOURCE else None
+    pos += ls
+    body = bytes(buf[pos:pos + lb])
+    if pos + lb != end:
         raise FormatError("message payload length mismatch")
-    queue, mid, event, headers, source, body = parts
-    return Message(
-        mid, queue, body, seq,
-        event if flags & _HAS_EVENT else None,
-        json.loads(headers) if flags & _HAS_HEADERS else None,
-        created,
-        expires if flags & _HAS_EXPIRES else None,
-        retry,
-        source.decode("utf-8") if flags & _HAS_SOURCE else None,
-    )
+    return (mid, queue, body, seq, event, headers, created,
+            expires if flags & _HAS_EXPIRES else None, retry, source)
 
 
 def encode_options(queue: bytes, options: QueueOptions) -> bytes:

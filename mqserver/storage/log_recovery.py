@@ -41,8 +41,8 @@ from mqserver.model import (
     QueueOptions,
     Recovered,
     RecoveredQueue,
-    share_recovered_values,
 )
+from mqserver.packed import Backlog, Chunk, share_recovered_values
 from mqserver.storage import log_records as records
 from mqserver.storage.errors import StoreFormatError
 from mqserver.storage.log_index import LogIndex, loc
@@ -61,31 +61,33 @@ class RecoveryResult:
 
 
 class Replay:
-    """Applies recovered ops to the index and to the messages, options and bindings."""
+    """Applies recovered ops to the index, the options and the records.
+
+    Messages are not decoded while the log is replayed: the index keeps where
+    each live one is, and ``result`` decodes only those, once, in seq order,
+    into a packed ``Backlog`` per queue.  So a message published and acked
+    long ago costs nothing, and a million live ones are never a million
+    objects at once.
+    """
 
     def __init__(self) -> None:
         self.index = LogIndex()
-        self.messages: dict[bytes, dict[int, Message]] = {}
         self.options: dict[bytes, QueueOptions] = {}
         self.records: dict[bytes, dict[bytes, bytes]] = {}
         self.next_seq = 1
 
     def apply(self, op: tuple[Any, ...], location: int) -> None:
+        """One op, as ``replay_op`` gives it (messages by queue and seq only)."""
         kind, index = op[0], self.index
-        if kind in (ENQUEUE, REQUEUE):
-            message = op[1]
-            by_seq = self.messages.setdefault(message.queue, {})
-            if kind == REQUEUE:
-                by_seq.pop(op[2], None)
-                index.requeue(message.queue, op[2], message.seq, location)
-                self.next_seq = max(self.next_seq, op[2] + 1)
-            else:
-                index.put_message(message.queue, message.seq, location)
-            by_seq[message.seq] = message
-            self.next_seq = max(self.next_seq, message.seq + 1)
+        if kind == ENQUEUE:
+            index.put_message(op[1], op[2], location)
+            if op[2] >= self.next_seq:
+                self.next_seq = op[2] + 1
         elif kind == REMOVE:
-            self.messages.get(op[1], {}).pop(op[2], None)
             index.remove_message(op[1], op[2])
+        elif kind == REQUEUE:
+            index.requeue(op[1], op[3], op[2], location)
+            self.next_seq = max(self.next_seq, op[2] + 1, op[3] + 1)
         elif kind == DECLARE:
             self.options[op[1]] = op[2]
             index.declare(op[1], location)
@@ -94,7 +96,6 @@ class Replay:
         elif kind == UNBIND:
             index.unbind(op[1], op[2])
         elif kind == DELETE_QUEUE:
-            self.messages.pop(op[1], None)
             self.options.pop(op[1], None)
             index.delete_queue(op[1])
         elif kind == PUT:
@@ -118,7 +119,7 @@ class Replay:
                                        f"{offset} skipped (checksum or framing mismatch)"))
                 continue
             try:
-                op = records.decode(payload)
+                op = replay_op(payload)
             except (records.FormatError, struct.error, ValueError, UnicodeDecodeError) as e:
                 damaged = True
                 notes.append(("error", f"log segment {number}: record at offset {offset} "
@@ -142,28 +143,70 @@ class Replay:
                                   "unfinished batch (never acknowledged) discarded"))
         return good_end
 
-    def result(self) -> Recovered:
+    def result(self, segments: dict[int, bytes], notes: list[tuple[str, str]]) -> Recovered:
+        """The state, each live message decoded from ``segments`` (number -> data)."""
         recovered = Recovered(
             next_seq=self.next_seq,
             records={ns: dict(values) for ns, values in self.records.items() if values},
         )
-        names = self.index.queue_names() | set(self.messages)
-        for name in names:
-            by_seq = self.messages.get(name, {})
+        frame, size = records.FRAME_SIZE, Backlog.chunk_size
+        for name in self.index.queue_names():
+            by_seq = self.index.messages.get(name)
+            backlog = Backlog()
+            rows: list[tuple[Any, ...]] = []
+            for seq, location in [] if by_seq is None else by_seq.everything():
+                # location: see log_index.loc
+                data = segments[location >> 64]
+                start = ((location >> 32) & _MASK) + frame
+                at = start + (1 if data[start] == records.K_ENQUEUE else 9)
+                try:
+                    rows.append(records.message_fields(
+                        data, at, start - frame + (location & _MASK)))
+                except (records.FormatError, struct.error, ValueError,
+                        UnicodeDecodeError) as e:
+                    notes.append(("error", f"log: message {seq} of queue {name!r} cannot be "
+                                           f"decoded ({e}); skipped"))
+                if len(rows) == size:
+                    # packed as they are decoded, never made messages
+                    backlog.append_chunk(Chunk.of_columns(*zip(*rows, strict=True)))
+                    rows.clear()
+            backlog.extend(Message(*row) for row in rows)
             recovered.queues[name] = RecoveredQueue(
                 name,
                 self.options.get(name, QueueOptions()),
                 set(self.index.bindings.get(name, ())),
-                [by_seq[seq] for seq in sorted(by_seq)],
+                backlog,
             )
         share_recovered_values(recovered.queues.values())
         return recovered
+
+
+_MASK = 0xFFFFFFFF
+
+
+def replay_op(payload: Any) -> tuple[Any, ...]:
+    """``log_records.decode``, but a message op by its queue and seq alone:
+    ``(ENQUEUE, queue, seq)``, ``(REQUEUE, queue, seq, old_seq)``."""
+    kind = payload[0]
+    if kind == K_ENQUEUE:  # nearly every record: message_key inline
+        head = HEAD.unpack_from(payload, 1)
+        return (ENQUEUE, payload[QUEUE_AT:QUEUE_AT + head[5]], head[0])
+    if kind == records.K_REQUEUE:
+        queue, seq = records.message_key(payload)
+        return (REQUEUE, queue, seq, _SEQ.unpack_from(payload, 1)[0])
+    return records.decode(payload)
+
+
+_SEQ = struct.Struct(">Q")
+K_ENQUEUE, HEAD = records.K_ENQUEUE, records.MESSAGE_HEAD
+QUEUE_AT = 1 + HEAD.size
 
 
 def recover_thd(files: SegmentFiles) -> RecoveryResult:
     """Read every segment, repair the newest one's tail, and rebuild the state."""
     replay = Replay()
     numbers = files.segments_thd()
+    kept: dict[int, bytes] = {}  # what each replayed segment holds, for Replay.result
     result = RecoveryResult(Recovered(), replay.index, {}, 1)
     previous: int | None = None
     for position, number in enumerate(numbers):
@@ -206,6 +249,7 @@ def recover_thd(files: SegmentFiles) -> RecoveryResult:
                 result.notes.append(("warn", f"log segment {number}: {len(data) - end} bytes "
                                              "after its last complete batch ignored"))
         result.segments[number] = len(data)
-    result.recovered = replay.result()
+        kept[number] = data
+    result.recovered = replay.result(kept, result.notes)
     result.next_seq = replay.next_seq
     return result

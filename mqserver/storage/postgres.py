@@ -57,7 +57,8 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from mqserver.interfaces import IMessageStore
-from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue, share_recovered_values
+from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue
+from mqserver.packed import Backlog, share_recovered_values
 from mqserver.storage.errors import SessionLostError, StoreClosedError, StoreLockedError
 from mqserver.storage.postgres_batch import (
     MESSAGE_COLUMNS,
@@ -285,7 +286,9 @@ class PostgresStore:
         def queue(name: bytes) -> RecoveredQueue:
             rq = queues.get(name)
             if rq is None:
-                rq = queues[name] = RecoveredQueue(name)
+                # packed as it is read: a million rows never become a
+                # million objects at once
+                rq = queues[name] = RecoveredQueue(name, messages=Backlog())
             return rq
 
         with conn.transaction(), conn.cursor(binary=True) as cur:

@@ -63,8 +63,8 @@ from mqserver.model import (
     QueueOptions,
     Recovered,
     RecoveredQueue,
-    share_recovered_values,
 )
+from mqserver.packed import Backlog, Chunk, share_recovered_values
 from mqserver.storage.errors import StoreClosedError, StoreFormatError, StoreLockedError
 from mqserver.storage.worker import StoreThread
 
@@ -180,6 +180,23 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
         else:
             raise ValueError(f"unknown storage op {kind!r}")
     return statements, next_seq
+
+
+def _chunk(rows: list[tuple[Any, ...]]) -> Chunk:
+    """A chunk of rows of ``SELECT seq, queue, id, body, event, headers, created_at,
+    expires_at, retry, source``."""
+    seqs, queues, ids, bodies, events, headers, created, expires, retries, sources = zip(
+        *rows, strict=True)
+    if headers.count(None) != len(headers):
+        headers = tuple(None if value is None else json.loads(value) for value in headers)
+    return Chunk.of_columns(ids, queues, bodies, seqs, events, headers, created, expires,
+                            retries, sources)
+
+
+def _message(row: tuple[Any, ...]) -> Message:
+    seq, queue, mid, body, event, headers, created, expires, retry, source = row
+    return Message(mid, queue, body, seq, event, None if headers is None else json.loads(headers),
+                   created, expires, retry, source)
 
 
 @implementer(IMessageStore)
@@ -319,7 +336,9 @@ class SQLiteStore:
         def queue(name: bytes) -> RecoveredQueue:
             rq = queues.get(name)
             if rq is None:
-                rq = queues[name] = RecoveredQueue(name)
+                # packed as it is read: a million rows never become a million
+                # objects at once (memory the allocator would keep)
+                rq = queues[name] = RecoveredQueue(name, messages=Backlog())
             return rq
 
         fields = list(asdict(QueueOptions()))
@@ -330,19 +349,28 @@ class SQLiteStore:
         for row in db["bindings"].rows:
             queue(row["queue"]).bindings.add(row["event"])
         next_seq = 1
+        # in seq order, the table's own (a scan, where ORDER BY queue, seq
+        # walked the index and looked each row up); each queue's messages
+        # are in seq order all the same
         cursor = db.execute(
             "SELECT seq, queue, id, body, event, headers, created_at, expires_at, retry, source "
-            "FROM messages ORDER BY queue, seq"
+            "FROM messages ORDER BY seq"
         )
-        current: RecoveredQueue | None = None
-        for seq, name, mid, body, event, headers, created, expires, retry, source in cursor:
-            if current is None or current.name != name:
-                current = queue(name)
-            current.messages.append(Message(
-                mid, name, body, seq, event, None if headers is None else json.loads(headers),
-                created, expires, retry, source,
-            ))
-            next_seq = max(next_seq, seq + 1)
+        # each queue's newest rows, packed into a chunk of its Backlog as they
+        # reach its size, without making them messages first
+        rows: dict[bytes, list[tuple[Any, ...]]] = {}
+        size = Backlog.chunk_size
+        for row in cursor:
+            pending = rows.get(row[1])
+            if pending is None:
+                pending = rows[row[1]] = []
+            pending.append(row)
+            if len(pending) == size:
+                queue(row[1]).messages.append_chunk(_chunk(pending))
+                pending.clear()
+            next_seq = row[0] + 1
+        for name, pending in rows.items():
+            queue(name).messages.extend(_message(row) for row in pending)
         for namespace, key, value in db.execute("SELECT namespace, key, value FROM records"):
             recovered.records.setdefault(namespace, {})[key] = value
         stored = db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()

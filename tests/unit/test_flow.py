@@ -163,3 +163,39 @@ def test_a_container_limit_below_the_ram_is_what_counts(tmp_path):
 def test_real_measurements_are_plausible():
     assert rss_bytes() > 1024 * 1024
     assert physical_memory() > rss_bytes()
+
+
+def test_a_store_far_behind_pauses_publishers_as_the_alarm_does(alarm):
+    alarm, clock, gauge = alarm
+    publisher = Publisher()
+    alarm.publishing(publisher)
+    alarm.store_behind(True)
+    assert not publisher.reading and alarm.paused and not alarm.active
+    late = Publisher()
+    alarm.publishing(late)
+    assert not late.reading, "a new publisher is paused at once"
+    gauge.value = 2000
+    clock.advance(1.0)  # the alarm too: still one pause
+    alarm.store_behind(False)
+    assert publisher.calls == ["pause"] and alarm.paused, "the alarm still holds them"
+    gauge.value = 0
+    clock.advance(1.0)
+    assert publisher.calls == ["pause", "resume"] and late.reading and not alarm.paused
+
+
+def test_a_burst_past_the_writers_mark_pauses_publishers_until_it_is_written():
+    from tests.unit.test_broker import RecordingDurableStore
+
+    clock = Clock()
+    store = RecordingDurableStore()
+    broker = Broker(store, clock)
+    broker.writer.behind_at = 10
+    publisher = Publisher()
+    broker.flow.publishing(publisher)
+    broker.publish_to_queue_run(b"q", [(b"m%d" % n, b"x") for n in range(8)])
+    assert publisher.reading
+    broker.publish_to_queue_run(b"q", [(b"m%d" % n, b"x") for n in range(8, 12)])
+    assert not publisher.reading and broker.flow.store_waiting
+    clock.advance(0)
+    store.pending.pop().callback(None)
+    assert publisher.reading and not broker.flow.paused

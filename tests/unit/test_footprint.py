@@ -11,9 +11,12 @@ from typing import Any
 import pytest
 import pytest_twisted
 
+from mqserver.broker.core import Broker
 from mqserver.broker.ready import CHUNK, PackedReady
-from mqserver.model import ENQUEUE, Message, RecoveredQueue, share_recovered_values
+from mqserver.model import ENQUEUE, Message, Recovered, RecoveredQueue
+from mqserver.packed import share_recovered_values
 from mqserver.storage.log import LogStore
+from mqserver.storage.memory import MemoryStore
 from mqserver.storage.sqlite import SQLiteStore
 from mqserver.testing import message
 
@@ -145,3 +148,39 @@ def test_a_packed_backlog_costs_well_under_200_bytes_per_100_byte_message():
         tracemalloc.stop()
     assert len(ready) == count and len(ready.tail) == 1
     assert per_message < 140, per_message
+
+
+def test_a_durable_brokers_backlog_is_packed_once_its_writer_lets_go(clock):
+    """The writer holds a burst's messages until its batch is applied; the
+    broker packs them once the writer is idle, not only as more arrive."""
+    from tests.unit.test_broker import RecordingDurableStore
+
+    store = RecordingDurableStore()
+    broker = Broker(store, clock)
+    broker.pack_ready_after, broker.pack_chunk = 2, 4
+    broker.declare_queue(b"q")
+    clock.advance(0)
+    store.pending.pop().callback(None)
+    broker.publish_to_queue_run(b"q", [(b"m%d" % n, b"x") for n in range(20)])
+    ready = broker.queues[b"q"].ready
+    assert isinstance(ready, PackedReady) and not ready.chunks
+    clock.advance(0)  # the batch goes to the store
+    store.batches.clear()  # which keeps no message objects
+    store.pending.pop().callback(None)
+    assert not ready.chunks, "packed on a later turn, a few chunks at a time"
+    clock.advance(0)
+    assert len(ready.head) == 3 and [c.count for c in ready.chunks] == [4] * 4
+    assert len(ready.tail) == 1
+    assert [m.id for m in ready] == [b"m%d" % n for n in range(20)]
+
+
+def test_a_recovered_backlog_is_packed_at_load(clock):
+    backlog = [Message(b"m%d" % seq, b"q", b"x", seq) for seq in range(1, 3001)]
+    recovered = Recovered(queues={b"q": RecoveredQueue(b"q", messages=list(reversed(backlog)))})
+    broker = Broker(MemoryStore(), clock)
+    broker.pack_ready_after = 1000
+    broker.load(recovered)
+    ready = broker.queues[b"q"].ready
+    assert isinstance(ready, PackedReady)
+    assert len(ready.head) == 1000 and ready.packed == CHUNK and len(ready.tail) == 2000 - CHUNK
+    assert list(ready) == backlog

@@ -281,3 +281,26 @@ def test_ttl_purge_and_drop_head_on_a_packed_queue(broker, clock):
     assert [m.id for m in islice(queue.ready, 3)] == [b"m500", b"m502", b"m504"]
     assert broker.purge(b"q") == 1250
     assert not queue.ready
+
+
+def test_a_recovered_backlog_is_laid_out_as_publishing_would_have():
+    backlog = [Message(b"m%d" % seq, b"q", b"b", seq) for seq in range(1, 12)]
+    ready = PackedReady.of(backlog, 2, 4)
+    assert len(ready.head) == 2 and [c.count for c in ready.chunks] == [4, 4]
+    assert len(ready.tail) == 1 and ready.packed == 8 and len(ready) == 11
+    assert list(ready) == backlog
+    assert [ready.popleft() for _ in range(11)] == backlog and not ready
+
+
+def test_a_tail_held_elsewhere_is_packed_by_catch_up_once_let_go():
+    lagged: list[bool] = []
+    ready = PackedReady(deque(), 2, lambda: lagged.append(True))
+    held = [Message(b"m%d" % seq, b"q", b"b", seq) for seq in range(9)]
+    ready.extend(held)
+    assert not ready.chunks and lagged, "the writer holds them: told, not packed"
+    assert not ready.catch_up(8)
+    held.clear()
+    assert ready.catch_up(2), "stopped at its limit with more to pack"
+    assert not ready.catch_up(8)
+    assert [c.count for c in ready.chunks] == [2, 2, 2, 2] and len(ready.tail) == 1
+    assert [m.seq for m in ready] == list(range(9))

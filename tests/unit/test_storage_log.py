@@ -20,6 +20,7 @@ from twisted.logger import formatEvent, globalLogPublisher
 
 from mqserver.broker.core import Broker
 from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions
+from mqserver.storage import log_index
 from mqserver.storage import log_records as records
 from mqserver.storage.errors import StoreFailedError, StoreFormatError, StoreLockedError
 from mqserver.storage.log import LogStore, parse_fsync
@@ -32,7 +33,12 @@ class TestLogStore(StoreContract):
 
 
 class TestLogStoreTinySegmentsAlways(StoreContract):
-    """Segments of 2 KiB roll and compact all the time, under the whole contract."""
+    """Segments of 2 KiB roll and compact all the time, under the whole contract,
+    and each queue's index keeps all but 4 entries in its arrays (``SeqIndex``)."""
+
+    @pytest.fixture(autouse=True)
+    def _small_index_dicts(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(log_index, "ARCHIVE_AT", 4)
 
     def make_store(self, path: Path) -> LogStore:
         return LogStore(path, fsync="always", segment_bytes=2048, slice_bytes=512)

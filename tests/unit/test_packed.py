@@ -1,0 +1,57 @@
+"""A recovered backlog packs as it is filled and reads back exactly as a list would."""
+
+from __future__ import annotations
+
+from mqserver.model import Message, RecoveredQueue
+from mqserver.packed import Backlog, Chunk, expiries, share_recovered_values
+
+
+def _messages(first: int, count: int, **fields) -> list[Message]:
+    return [Message(b"m%d" % seq, b"q", b"body%d" % seq, seq, **fields)
+            for seq in range(first, first + count)]
+
+
+def test_a_backlog_packs_every_chunk_and_reads_like_a_list(monkeypatch):
+    monkeypatch.setattr(Backlog, "chunk_size", 4)
+    messages = _messages(1, 10)
+    backlog = Backlog(messages[:9])
+    backlog.append(messages[9])
+    assert [chunk.count for chunk in backlog.chunks] == [4, 4] and len(backlog.tail) == 2
+    assert len(backlog) == 10 and list(backlog) == messages and backlog == messages
+    assert backlog[-1] == messages[-1] and backlog[2:4] == messages[2:4]
+    assert Backlog() == []
+
+
+def test_a_chunk_of_columns_is_the_chunk_of_the_messages(monkeypatch):
+    monkeypatch.setattr(Backlog, "chunk_size", 4)
+    messages = _messages(5, 3, event=b"ev", created_at=1.5, source="mqks")
+    columns = zip(*(m.as_tuple() for m in messages), strict=True)
+    backlog = Backlog(_messages(1, 2))
+    backlog.append_chunk(Chunk.of_columns(*columns))
+    assert [chunk.count for chunk in backlog.chunks] == [2, 3] and not backlog.tail
+    assert list(backlog) == _messages(1, 2) + messages
+
+
+def _fresh(raw: bytes) -> bytes:
+    """An equal bytes that is another object (as each row a store decodes is)."""
+    return bytes(bytearray(raw))
+
+
+def test_equal_recovered_values_are_stored_once_and_shared():
+    rows = [(b"m%d" % n, _fresh(b"q"), b"b", n, _fresh(b"ev"), None, 1.0, None, 0,
+             "".join(["mq", "ks"])) for n in range(3)]
+    chunk = Chunk.of_columns(*zip(*rows, strict=True))
+    assert chunk.events == b"ev" and chunk.sources == "mqks" and chunk.queues == b"q"
+    backlog = Backlog()
+    backlog.append_chunk(chunk)
+    name = _fresh(b"q")
+    share_recovered_values([RecoveredQueue(name, messages=backlog)])
+    assert all(m.queue is name for m in backlog)
+
+
+def test_expiries_read_chunks_without_unpacking_them(monkeypatch):
+    monkeypatch.setattr(Backlog, "chunk_size", 2)
+    backlog = Backlog(_messages(1, 2) + _messages(3, 2, expires_at=9.0) + _messages(5, 1,
+                                                                              expires_at=7.0))
+    assert len(backlog.chunks) == 2 and sorted(expiries(backlog)) == [7.0, 9.0, 9.0]
+    assert expiries(_messages(1, 2, expires_at=3.0)) == [3.0, 3.0]
