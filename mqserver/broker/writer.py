@@ -26,8 +26,8 @@ from mqserver.interfaces import IMessageStore
 
 log = Logger()
 
-BEHIND_AT = 100_000
-"""Ops waiting for the store past which publishers are not read: about 40 MB of
+BEHIND_AT = 50_000
+"""Ops waiting for the store past which publishers are not read: about 20 MB of
 messages held as objects (the store writes 10,000 per batch)."""
 
 

@@ -860,6 +860,10 @@ def _twins(**options) -> tuple[Harness, Harness]:
 class DurableNow:
     """A store writer that keeps nothing: ``broker.durable`` fires at once."""
 
+    # never far behind (StoreWriter.behind_at: the broker checks it after a run)
+    behind_at = 1 << 62
+    is_behind = False
+
     def __init__(self) -> None:
         self.ops: list = []
 
