@@ -106,16 +106,20 @@ class MsgIds:
     def __call__(self) -> bytes:
         return self.between(b"", b"")
 
-    def between_each(self, head: bytes, tails: list[bytes]) -> bytes:
-        """``between(head, tail)`` for each of ``tails``, in one join (the
-        REPLYs to a run of requests)."""
+    def between_each(self, head: bytes, last_frames: list[bytes]) -> bytes:
+        """``between(head, frame)`` for each of ``last_frames`` encoded as a
+        last ZMTP frame, in one join (the REPLYs to a run of requests: each
+        frame's header from zmtp's table, the body not copied before the join)."""
         n, block = self._next, self._block
+        short_last, max_short = zmtp.SHORT_LAST, zmtp.MAX_SHORT
         parts: list[bytes] = []
-        for tail in tails:
+        for body in last_frames:
             low = n & 0xFF
             if not low:
                 block = self._block_of(n)
-            parts += (head, block, _HEX2[low], tail)
+            size = len(body)
+            parts += (head, block, _HEX2[low],
+                      short_last[size] if size <= max_short else zmtp.last_header(size), body)
             n += 1
         self._next, self._block = n, block
         return b"".join(parts)
@@ -160,11 +164,7 @@ size): a REPLY with the msgid's bytes and the empty last frame cut off."""
 def encode_replies(request_msgids: list[bytes]) -> bytes:
     """``encode_reply`` for each, in one join: the answers to a run of stored
     requests, without a call per request."""
-    last, short = zmtp.SHORT_LAST, zmtp.MAX_SHORT
-    return new_msgid.between_each(_REPLY_HEAD, [
-        last[len(m)] + m if len(m) <= short else zmtp.last_header(len(m)) + m
-        for m in request_msgids
-    ])
+    return new_msgid.between_each(_REPLY_HEAD, request_msgids)
 
 
 def encode_reply(request_msgid: bytes) -> bytes:
