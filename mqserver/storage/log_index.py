@@ -20,6 +20,7 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import chain, islice
 from typing import Any
 
 from mqserver.model import (
@@ -134,15 +135,18 @@ class SeqIndex(dict[int, int]):
         return location
 
     def archived(self) -> Iterator[tuple[int, int]]:
-        segments, places = self.segments, self.places
-        for i in range(self.first, len(self.seqs)):
-            if places[i]:
-                yield self.seqs[i], (segments[i] << 64) | places[i]
+        first = self.first
+        return ((seq, (segment << 64) | place) for seq, segment, place
+                in zip(islice(self.seqs, first, None), islice(self.segments, first, None),
+                       islice(self.places, first, None), strict=True) if place)
 
     def everything(self) -> Iterator[tuple[int, int]]:
         """Every live (seq, location), in seq order, one at a time (a million
         tuples at once would be a hundred megabytes)."""
-        return heapq.merge(self.archived(), sorted(self.items()))
+        fresh = sorted(self.items())
+        if not fresh or fresh[0][0] > self.last:  # the dict holds the newest: as usual
+            return chain(self.archived(), fresh)
+        return heapq.merge(self.archived(), fresh)
 
 
 class LogIndex:
