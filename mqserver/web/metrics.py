@@ -64,6 +64,9 @@ class BrokerCollector:
                                 value=flow.high or 0)
         yield CounterMetricFamily("mqserver_memory_alarms", "Times the memory alarm went on.",
                                   value=flow.alarms)
+        yield GaugeMetricFamily("mqserver_store_behind",
+                                "1 while publishers are not read because the store's writer "
+                                "is far behind.", value=int(flow.store_waiting))
         limits = broker.connection_limits
         if limits is not None:
             refused = CounterMetricFamily(
@@ -151,7 +154,7 @@ def memory_view(flow: Any) -> dict[str, Any]:
     return {
         "alarm": flow.active, "rss_bytes": flow.used, "high_watermark_bytes": flow.high,
         "low_watermark_bytes": flow.low, "paused_publishers": len(flow.publishers)
-        if flow.active else 0, "alarms": flow.alarms,
+        if flow.paused else 0, "alarms": flow.alarms, "store_behind": flow.store_waiting,
     }
 
 

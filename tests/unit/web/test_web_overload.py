@@ -60,7 +60,8 @@ def test_memory_alarm_refuses_http_publishes_and_shows_in_health_and_metrics(web
     status, health = web.request("GET", "/health")
     assert status == 200 and health["status"] == "memory_alarm"
     assert health["memory"] == {"alarm": True, "rss_bytes": 2000, "high_watermark_bytes": 1000,
-                                "low_watermark_bytes": 900, "paused_publishers": 0, "alarms": 1}
+                                "low_watermark_bytes": 900, "paused_publishers": 0, "alarms": 1,
+                                "store_behind": False}
     assert metric(web, "mqserver_memory_alarm") == 1
     assert metric(web, "mqserver_memory_bytes") == 2000
     usage[0] = 100
@@ -68,6 +69,9 @@ def test_memory_alarm_refuses_http_publishes_and_shows_in_health_and_metrics(web
     assert web.request("POST", "/api/queues/jobs/messages", json={"body": "a"})[0] == 201
     assert metric(web, "mqserver_memory_alarm") == 0
     assert metric(web, "mqserver_memory_alarms_total") == 1
+    web.broker.flow.store_behind(True)  # the store's writer far behind
+    assert metric(web, "mqserver_store_behind") == 1
+    assert web.request("GET", "/health")[1]["memory"]["store_behind"] is True
 
 
 def test_refused_connections_are_counted_in_metrics_by_reason(web):
