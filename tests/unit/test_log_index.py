@@ -47,7 +47,8 @@ def test_an_archived_index_answers_as_a_plain_dict_would(ops, archive_at):
         log_index.ARCHIVE_AT = original
 
 
-def test_fifo_removes_of_a_large_archive_drop_its_head():
+def test_fifo_removes_of_a_large_archive_drop_its_head(monkeypatch):
+    monkeypatch.setattr(log_index, "ARCHIVE_AT", 5000)
     index = LogIndex()
     seqs = list(range(1, 3 * log_index.ARCHIVE_AT))
     for seq in seqs:
