@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mqserver.packed import Backlog
 
 # Storage operations.  A batch is a list of plain tuples, tagged by the first
 # element; tuples keep the hot path free of per-message object construction.
@@ -135,12 +138,17 @@ class QueueOptions:
 
 @dataclass
 class RecoveredQueue:
-    """One queue as a store rebuilt it: ready messages in order, bindings, options."""
+    """One queue as a store rebuilt it: ready messages in order, bindings, options.
+
+    ``messages`` is a list (any order: the broker sorts it by seq), or a
+    ``mqserver.packed.Backlog`` filled in seq order, which a store with a
+    big backlog uses so the recovered queue is packed as it is read.
+    """
 
     name: bytes
     options: QueueOptions = field(default_factory=QueueOptions)
     bindings: set[bytes] = field(default_factory=set)
-    messages: list[Message] = field(default_factory=list)
+    messages: list[Message] | Backlog = field(default_factory=list)
 
 
 @dataclass
