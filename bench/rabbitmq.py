@@ -65,7 +65,12 @@ def start_rabbitmq(workdir: Path) -> Server:
         "RABBITMQ_ENABLED_PLUGINS_FILE": str(workdir / "enabled_plugins"),
         "RABBITMQ_CONF_ENV_FILE": str(workdir / "rabbitmq-env.conf"),
         "RABBITMQ_ALLOW_INPUT": "true",
-        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-noinput -start_epmd false",
+        # +sbwt none: an idle node's schedulers otherwise spin for work, and on
+        # two cores that spinning is taken from the rounds of other systems
+        # run while the node waits for its next one (RabbitMQ's own advice
+        # for shared hosts)
+        "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS":
+            "-noinput -start_epmd false +sbwt none +sbwtdcpu none +sbwtdio none",
     }
     epmd = ready(Server("epmd", [str(EPMD), "-port", str(epmd_port), "-address", "127.0.0.1"],
                         workdir, env), lambda started: wait_port(started, epmd_port))

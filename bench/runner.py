@@ -65,6 +65,12 @@ class Fleet:
             server.stop()
         self.servers.clear()
 
+    def keep_only(self, names: set[str]) -> None:
+        """Stop the servers no later workload uses: an idle server still takes
+        CPU (timers, a VM's schedulers) from the rounds of the others."""
+        for name in [name for name in self.servers if name not in names]:
+            self.servers.pop(name).stop()
+
 
 def start(name: str, workdir: Path) -> Server:
     return start_peer(name, workdir) if name in PEERS else start_mqserver(name, workdir)
@@ -83,7 +89,10 @@ def run(options: Options) -> dict[str, Any]:
         workdir = Path(tmp)
         fleet = Fleet(workdir / "fleet")
         try:
-            for group in passes(options.workloads):
+            groups = passes(options.workloads)
+            for index, group in enumerate(groups):
+                fleet.keep_only({system.server for later in groups[index:] for workload in later
+                                 for system in pick(workload, systems)})
                 chosen = {workload: pick(workload, systems) for workload in group}
                 once = all(w in ONCE or getattr(shapes.SHAPES.get(w), "once", False)
                            for w in group)

@@ -22,3 +22,21 @@ def test_a_systems_w1c_round_follows_its_w1_round():
     chosen = {"w1": [mqks, phpmq_like, redis], "w1c": [mqks, redis]}
     assert interleaved(chosen) == [(mqks, "w1"), (mqks, "w1c"), (phpmq_like, "w1"),
                                    (redis, "w1"), (redis, "w1c")]
+
+
+class Stoppable:
+    stopped = False
+
+    def stop(self) -> None:
+        self.stopped = True
+
+
+def test_the_fleet_stops_the_servers_no_later_workload_uses(tmp_path):
+    from bench.runner import Fleet
+
+    fleet = Fleet(tmp_path)
+    used, idle = Stoppable(), Stoppable()
+    fleet.servers = {"memory": used, "rabbitmq": idle}
+    fleet.keep_only({"memory", "redis"})
+    assert fleet.servers == {"memory": used}
+    assert idle.stopped and not used.stopped
