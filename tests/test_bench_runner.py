@@ -1,10 +1,10 @@
-"""The bench's round order: W1c right after W1, system by system."""
+"""The bench runner: W1c right after W1, system by system; idle servers stopped."""
 
 from __future__ import annotations
 
 from bench.clients.mqks import MQKSClient
 from bench.clients.redis import RedisClient
-from bench.runner import interleaved, passes
+from bench.runner import Fleet, interleaved, passes
 from bench.systems import System
 
 
@@ -32,8 +32,6 @@ class Stoppable:
 
 
 def test_the_fleet_stops_the_servers_no_later_workload_uses(tmp_path):
-    from bench.runner import Fleet
-
     fleet = Fleet(tmp_path)
     used, idle = Stoppable(), Stoppable()
     fleet.servers = {"memory": used, "rabbitmq": idle}
