@@ -106,7 +106,7 @@ class Queue:
             else:
                 insort(ready, message, key=_seq)
 
-    def load(self, messages: Iterable[Message], threshold: int, chunk: int = CHUNK,
+    def load(self, messages: list[Message] | Backlog, threshold: int, chunk: int = CHUNK,
              lagging: set[Queue] | None = None) -> list[float]:
         """Take a recovered backlog (in seq order) into this new, empty queue.
 
@@ -118,7 +118,7 @@ class Queue:
         """
         times = expiries(messages)
         self.ttl_ready += len(times)
-        if not 0 < threshold < len(messages):  # type: ignore[arg-type]
+        if not 0 < threshold < len(messages):
             self.ready = deque(messages)
         elif isinstance(messages, Backlog):
             self.ready = PackedReady.of_backlog(messages, chunk, _lag(self, lagging))
