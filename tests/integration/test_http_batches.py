@@ -24,6 +24,10 @@ from mqserver.client import APIError, HTTPClient, body_of
 
 LISTEN = "tcp:0:interface=127.0.0.1"
 TOKEN = "batch-token"
+# one protocol, on a free port: without --protocol every protocol takes its
+# default port, and eMQP's (47290-47293) lie in the kernel's ephemeral range,
+# where another socket of the suite may hold one
+PROTOCOL = "--protocol=mqks:tcp:0:interface=127.0.0.1"
 
 
 @pytest.fixture
@@ -34,7 +38,7 @@ def http() -> Iterator[TreqClient]:
 @pytest_twisted.inlineCallbacks
 def test_a_durable_batch_of_1000_survives_kill_9_and_acked_ones_stay_gone(
         start_server, tmp_path, http):
-    args = (f"--http={LISTEN}", f"--http-token={TOKEN}", "--storage=sqlite",
+    args = (f"--http={LISTEN}", f"--http-token={TOKEN}", PROTOCOL, "--storage=sqlite",
             f"--data-dir={tmp_path / 'data'}")
     server = start_server(*args)
     client = HTTPClient(f"http://127.0.0.1:{server.ports['http']}", token=TOKEN, http=http)
@@ -81,7 +85,7 @@ def test_a_durable_batch_of_1000_survives_kill_9_and_acked_ones_stay_gone(
 
 @pytest_twisted.inlineCallbacks
 def test_batch_errors_over_the_wire(start_server, http):
-    server = start_server(f"--http={LISTEN}", f"--http-token={TOKEN}", "--storage=memory",
+    server = start_server(f"--http={LISTEN}", f"--http-token={TOKEN}", PROTOCOL, "--storage=memory",
                           "--http-max-batch=100", "--http-max-body=20000")
     base = f"http://127.0.0.1:{server.ports['http']}"
     client = HTTPClient(base, token=TOKEN, http=http)
@@ -111,7 +115,7 @@ def test_batch_errors_over_the_wire(start_server, http):
 @pytest_twisted.inlineCallbacks
 def test_concurrent_durable_single_publishes_share_commits(start_server, tmp_path):
     """200 at once over 50 connections: a handful of commits (3 to 10 seen), not 200."""
-    server = start_server(f"--http={LISTEN}", f"--http-token={TOKEN}", "--storage=sqlite",
+    server = start_server(f"--http={LISTEN}", f"--http-token={TOKEN}", PROTOCOL, "--storage=sqlite",
                           f"--data-dir={tmp_path / 'data'}")
     pool = HTTPConnectionPool(reactor, persistent=True)
     pool.maxPersistentPerHost = 50
