@@ -15,12 +15,13 @@ import pytest
 import pytest_twisted
 from hypothesis import given
 from hypothesis import strategies as st
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock
 from twisted.logger import formatEvent, globalLogPublisher
 
 from mqserver.broker.core import Broker
 from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions
-from mqserver.storage import log_index
+from mqserver.storage import log_compaction, log_index
 from mqserver.storage import log_records as records
 from mqserver.storage.errors import StoreFailedError, StoreFormatError, StoreLockedError
 from mqserver.storage.log import LogStore, parse_fsync
@@ -425,14 +426,21 @@ def disk_use(path: Path) -> int:
     return sum(p.stat().st_size for p in segments(path))
 
 
+@pytest.mark.parametrize("lookup", [log_compaction.LOOKUP_MESSAGES, 0],
+                         ids=["index lookups", "scans"])
 @pytest_twisted.inlineCallbacks
-def test_compaction_keeps_disk_bounded_under_publish_and_ack(tmp_path: Path) -> Any:
+def test_compaction_keeps_disk_bounded_under_publish_and_ack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, lookup: int
+) -> Any:
     """400 rounds of publish 20 + ack the previous 20, with a backlog that never moves.
 
     Writes about 5 MB in all; the directory must stay within twice the live
     bytes plus a few segments, and everything live must survive the
     rewriting: queue options, bindings, a requeued retry count, PUT records.
+    Both ways of finding a head's live messages: in the index, and (an index
+    bigger than ``LOOKUP_MESSAGES``) by scanning the head.
     """
+    monkeypatch.setattr(log_compaction, "LOOKUP_MESSAGES", lookup)
     segment = 32 * 1024
     store = LogStore(tmp_path, fsync="never", segment_bytes=segment, slice_bytes=8192)
     yield store.open()
@@ -467,6 +475,80 @@ def test_compaction_keeps_disk_bounded_under_publish_and_ack(tmp_path: Path) -> 
     assert [m.seq for m in queue.messages[len(expected):]] == previous
     assert queue.options == options and queue.bindings == {b"ev.*"}
     assert recovered.records == {b"schedules": {b"s": b"cron"}}
+
+
+def head_scans(monkeypatch: pytest.MonkeyPatch, store: LogStore) -> list[int]:
+    """The segments ``store``'s compaction scans (``scan_thd`` calls)."""
+    scans: list[int] = []
+    scan = store._files.scan_thd
+
+    def counted(number: int, offset: int, budget: int) -> Any:
+        scans.append(number)
+        return scan(number, offset, budget)
+
+    monkeypatch.setattr(store._files, "scan_thd", counted)
+    return scans
+
+
+@inlineCallbacks
+def churn(store: LogStore, seq: int, segments_deleted: int) -> Any:
+    """Publish 50 messages from ``seq`` on and ack them, again and again, until
+    compaction has deleted ``segments_deleted`` segments."""
+    while store.segments_deleted < segments_deleted:
+        batch = [message(seq + n, body=b"x" * 200) for n in range(50)]
+        yield store.apply([(ENQUEUE, m) for m in batch])
+        yield store.apply([(REMOVE, b"q", m.seq) for m in batch])
+        seq += 50
+        yield store.compaction_idle()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_mostly_dead_head_is_compacted_from_the_index_without_a_scan(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """A head whose only live records are a DECLARE, a BIND, a PUT and two
+    unacked messages among thousands of acked ones: they are read where the
+    index says and copied, the head goes, and nothing is scanned."""
+    segment = 64 * 1024
+    store = LogStore(tmp_path, fsync="never", segment_bytes=segment)
+    scans = head_scans(monkeypatch, store)
+    yield store.open()
+    options = QueueOptions(default_ttl=60.0)
+    yield store.apply([(DECLARE, b"q", options), (BIND, b"q", b"ev"),
+                       (PUT, b"schedules", b"s", b"cron"), (ENQUEUE, message(1, body=b"old")),
+                       (ENQUEUE, message(2, id=b"two", retry=3))])
+    yield churn(store, 3, segments_deleted=3)
+    yield store.drain()
+    assert scans == []
+    assert store.records_copied >= 5
+    assert store.disk_bytes() == disk_use(tmp_path) < 3 * segment
+    yield store.close()
+    recovered, _ = yield recover(tmp_path)
+    queue = recovered.queues[b"q"]
+    assert [m.as_tuple() for m in queue.messages] == [
+        message(1, body=b"old").as_tuple(), message(2, id=b"two", retry=3).as_tuple()]
+    assert queue.options == options and queue.bindings == {b"ev"}
+    assert recovered.records == {b"schedules": {b"s": b"cron"}}
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_head_with_live_messages_in_a_big_index_is_scanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """Past ``LOOKUP_MESSAGES`` live messages, walking the index would cost more
+    than a scan: the head with a live message is scanned, and it still goes."""
+    monkeypatch.setattr(log_compaction, "LOOKUP_MESSAGES", 1)
+    segment = 64 * 1024
+    store = LogStore(tmp_path, fsync="never", segment_bytes=segment)
+    scans = head_scans(monkeypatch, store)
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions()), (ENQUEUE, message(1)),
+                       (ENQUEUE, message(2))])
+    yield churn(store, 3, segments_deleted=1)
+    assert scans and set(scans) == {scans[0]}
+    yield store.close()
+    recovered, _ = yield recover(tmp_path)
+    assert seqs(recovered) == [1, 2]
 
 
 @pytest_twisted.inlineCallbacks
