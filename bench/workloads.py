@@ -174,15 +174,35 @@ def paced_producer(make: ClientFactory, ports: dict[str, int], queue: str, count
 
 def memory(make: ClientFactory, server: Server, queue: str, count: int,
            size: int) -> dict[str, Any]:
-    """RSS of ``server`` (fresh) before and after it takes ``count`` ready messages."""
+    """RSS of ``server`` (fresh) before and after it takes ``count`` ready messages.
+
+    ``rss_filled`` is read a second after the last publish was confirmed (a
+    durable backend's last batch settles); ``rss`` once the backlog is at
+    rest, when RSS stopped falling (mqserver packs a backlog nobody touches
+    within a few seconds: ``mqserver.broker.resting``).
+    """
     before = server.rss_bytes()
     meter = Meter(server)
     fill(make, server, queue, count, size)
     time.sleep(1.0)  # let a durable backend's last batch settle
     result = meter.finish(count=count)
     result["rss_before"] = before
-    result["rss"] = server.rss_bytes()
+    result["rss_filled"] = server.rss_bytes()
+    result["rss"] = settled_rss(server)
     return result
+
+
+def settled_rss(server: Server, step: float = 1.0, most: float = 15.0) -> int:
+    """RSS once it no longer falls by more than 1 MB a ``step`` (at most ``most`` seconds)."""
+    rss = server.rss_bytes()
+    deadline = time.perf_counter() + most
+    while time.perf_counter() < deadline:
+        time.sleep(step)
+        now = server.rss_bytes()
+        if now > rss - 1_000_000:
+            return min(now, rss)
+        rss = now
+    return rss
 
 
 def fill(make: ClientFactory, server: Server, queue: str, count: int, size: int) -> None:

@@ -4,7 +4,8 @@
 
 Its rules are every state change the broker offers (publishing singles and
 runs, consuming, dispatch, each way to settle, TTL expiry, purge, deletes,
-an operator's move, bindings and options, connections going away, records), flushes of the
+an operator's move, bindings and options, connections going away, records,
+packing a backlog at rest), flushes of the
 writer's batches between them, and restarts.  At each restart and at the end
 of an example a fresh store opened on the same files must recover exactly
 ``broker_state`` (see ``mqserver.durability``); at the end the batches are
@@ -179,6 +180,8 @@ class DurabilityMachine(RuleBasedStateMachine):
         self.broker = Broker(store, self.clock)
         self.broker.pack_ready_after = PACK_READY_AFTER
         self.broker.pack_chunk = PACK_CHUNK
+        self.broker.resting.least = PACK_CHUNK + 1
+        self.broker.resting.keep = 1
         store.broker = self.broker
         self.broker.load(recovered)
         self.store = store
@@ -371,6 +374,20 @@ class DurabilityMachine(RuleBasedStateMachine):
             broker.reject_all(consumer)
         else:
             broker.dead_letter(consumer, message_id, b"rejected")
+
+    @step()
+    def rest(self) -> None:
+        """Two looks with nothing moving between them find every large backlog at
+        rest; it is packed whole (``mqserver.broker.resting``), which must change
+        nothing a store sees: no op, and ``broker_state`` as it was."""
+        before = broker_state(self.broker)
+        resting = self.broker.resting
+        resting.look()
+        resting.look()
+        while resting.pack_slice():
+            pass
+        after = broker_state(self.broker)
+        assert after == before, f"packing at rest changed the broker's state to {after}"
 
     # -- time, restarts, crashes --------------------------------------------
 

@@ -58,26 +58,37 @@ def _column(column: Any, count: int) -> Iterable[Any]:
     return column if type(column) is list else repeat(column, count)
 
 
-def _joined(values: list[bytes]) -> tuple[bytes, array[int]] | list[bytes]:
-    """Byte strings as one ``bytes`` plus end offsets, or the list if any is not ``bytes``."""
+Joined = tuple[bytes, "array[int] | int"] | list[bytes]
+
+
+def _joined(values: list[bytes]) -> Joined:
+    """Byte strings as one ``bytes`` plus end offsets (or their one length, when all
+    are as long: 4 bytes a message less), or the list if any is not ``bytes``."""
     if set(map(type, values)) != _BYTES_ONLY:
         return values
     data = b"".join(values)
-    ends = array("I" if len(data) < 1 << 32 else "Q", accumulate(map(len, values)))
-    return data, ends
+    lengths = list(map(len, values))
+    width = lengths[0]
+    if width and lengths.count(width) == len(lengths):
+        return data, width
+    return data, array("I" if len(data) < 1 << 32 else "Q", accumulate(lengths))
 
 
-def _split(column: tuple[bytes, array[int]] | list[bytes]) -> list[bytes]:
+def _split(column: Joined) -> list[bytes]:
     if type(column) is list:
         return column
     data, ends = column
+    if type(ends) is int:
+        return [data[start:start + ends] for start in range(0, len(data), ends)]
     return [data[start:end] for start, end in pairwise([0, *ends])]
 
 
-def _one(column: tuple[bytes, array[int]] | list[bytes], i: int) -> bytes:
+def _one(column: Joined, i: int) -> bytes:
     if type(column) is list:
         return column[i]
     data, ends = column
+    if type(ends) is int:
+        return data[i * ends:(i + 1) * ends]
     return data[ends[i - 1] if i else 0:ends[i]]
 
 
@@ -123,7 +134,9 @@ class Chunk:
         self.events = _shared(events)
         self.headers = _same(headers)
         self.sources = _shared(sources)
-        first = seqs[0]
+        # a fresh int: the message's own (as the range's start) would keep the
+        # pymalloc arena it sits in, 1 MiB, from going back once the messages go
+        first = seqs[0] + 0
         consecutive = seqs[-1] - first == count - 1 and seqs == list(range(first, first + count))
         self.seqs = range(first, first + count) if consecutive else array("q", seqs)
         self.created = array("d", created)
@@ -132,7 +145,8 @@ class Chunk:
             self.first_expiry = math.inf
         else:
             self.expires = array("d", [_NONE if value is None else value for value in expires])
-            self.first_expiry = min(value for value in expires if value is not None)
+            # read back from the array: fresh floats, for the same reason
+            self.first_expiry = min(value for value in self.expires if value == value)
         self.retries = retries[0] if retries.count(retries[0]) == count else array("q", retries)
 
     def unpack(self) -> list[Message]:

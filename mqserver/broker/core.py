@@ -27,6 +27,7 @@ from mqserver.broker.overflow import Overflow
 from mqserver.broker.publishing import Publishing
 from mqserver.broker.queue import Connection, Queue
 from mqserver.broker.ready import CHUNK, PACK_READY_AFTER, PackedReady
+from mqserver.broker.resting import Resting
 from mqserver.broker.settling import KEEP, MAX_RETRIES, Settling
 from mqserver.broker.subscriptions import Subscriptions
 from mqserver.broker.topology import Topology
@@ -59,6 +60,8 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         self._lagging: set[Queue] = set()
         self._catch_up_call: Any = None
         self.queues: dict[bytes, Queue] = {}
+        # packs backlogs nobody touches (started by the service: --pack-at-rest)
+        self.resting = Resting(self)
         self.bindings = BindingIndex()
         self.connections: dict[int, Connection] = {}
         self.writer = StoreWriter(store, clock) if store.durable else None
@@ -122,6 +125,12 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         """``Queue.pack_ready`` with this broker's settings (once ``enqueued`` reaches
         ``queue.pack_check_at``)."""
         queue.pack_ready(self.pack_ready_after, self.pack_chunk, self._lagging)
+
+    def pack_resting(self, queue: Queue, keep: int, most: int, hold: list[Message]) -> bool:
+        """``Queue.pack_resting`` with this broker's chunks and writer: all but the
+        first ``keep`` messages, up to ``most`` chunks; True if there is more
+        (``Resting``)."""
+        return queue.pack_resting(keep, most, hold, self.pack_chunk, self._lagging)
 
     def _writer_idle(self) -> None:
         if self._lagging and self._catch_up_call is None:

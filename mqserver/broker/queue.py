@@ -154,6 +154,23 @@ class Queue:
         else:
             self.pack_check_at = self.enqueued + max(1, threshold + 1 - len(self.ready))
 
+    def pack_resting(self, keep: int, most: int, hold: list[Message], chunk: int = CHUNK,
+                     lagging: set[Queue] | None = None) -> bool:
+        """Pack up to ``most`` chunks of a backlog at rest, all but its first ``keep``
+        messages, the packed ones added to ``hold`` (``PackedReady.pack_head``,
+        ``mqserver.broker.resting``); True if there is more to pack.
+
+        A deque becomes a ``PackedReady`` first, as ``pack_ready`` would make
+        it past the threshold; it swaps back as usual once drained.
+        """
+        ready = self.ready
+        if not isinstance(ready, PackedReady):
+            if len(ready) < keep + chunk:
+                return False
+            ready = self.ready = PackedReady(ready, chunk, _lag(self, lagging))
+            self.pack_check_at = self.enqueued + chunk
+        return ready.pack_head(keep, most, hold)
+
     def take_expired(self, now: float) -> list[Message]:
         """Remove and return the ready messages whose TTL has passed at ``now``."""
         ready = self.ready

@@ -34,8 +34,8 @@ __all__ = ["CHUNK", "PACK_READY_AFTER", "Chunk", "PackedReady", "take_expired"]
 # backlogs never pay for packing (about 1-1.5 us per message, pack plus unpack)
 PACK_READY_AFTER = 250_000
 
-# sys.getrefcount of a message only a deque holds: the deque's reference and the argument's
-_ONLY_THE_TAIL = 2
+# sys.getrefcount of a message only its deque holds: the deque's reference and the argument's
+_ONLY_ITS_DEQUE = 2
 
 
 class PackedReady:
@@ -125,13 +125,45 @@ class PackedReady:
         for _ in range(most):
             if len(tail) <= size:
                 return False
-            if sys.getrefcount(tail[size - 1]) > _ONLY_THE_TAIL:
+            if sys.getrefcount(tail[size - 1]) > _ONLY_ITS_DEQUE:
                 if self.on_lag is not None:
                     self.on_lag()
                 return False
             self.chunks.append(Chunk([tail.popleft() for _ in range(size)]))
             self.packed += size
         return len(tail) > size
+
+    def pack_head(self, keep: int, most: int, hold: list[Message]) -> bool:
+        """Pack up to ``most`` chunks of the head past its first ``keep``
+        messages; True if it stopped at ``most`` with more to pack.
+
+        For a backlog at rest (``mqserver.broker.resting``): the head is what
+        a queue held as objects before it packed (up to ``--pack-ready-after``
+        messages), dispatched first, so a busy queue keeps it; one nobody
+        drains packs it too.  Chunks are taken from the head's newest end and
+        put before the other chunks, so the order is kept.  Messages something
+        else still holds (a durable store's writer) are left as they are, as
+        in ``catch_up``: the head's newest stands for all of it.
+
+        The packed messages go to ``hold``, which the caller lets go of once
+        the whole head is packed.  Freed one chunk at a time, each message's
+        memory would take the next chunk's small objects (pymalloc reuses
+        freed blocks first), and one of them is enough to keep its arena (1
+        MiB) from going back to the system: RSS would not fall at all.
+        Freed at once after the last chunk, whole arenas are empty.
+        """
+        head, size, chunks = self.head, self.chunk_size, self.chunks
+        for _ in range(most):
+            if len(head) < keep + size:
+                return False
+            if sys.getrefcount(head[-1]) > _ONLY_ITS_DEQUE:
+                return False
+            messages = [head.pop() for _ in range(size)]
+            messages.reverse()
+            chunks.appendleft(Chunk(messages))
+            hold += messages
+            self.packed += size
+        return len(head) >= keep + size
 
     def extend(self, messages: Iterable[Message]) -> None:
         for message in messages:

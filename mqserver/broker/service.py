@@ -26,10 +26,13 @@ class BrokerService(MultiService):
     and publish into queues that recovery then overwrites.
     """
 
-    def __init__(self, broker: Broker, ttl_interval: float = 1.0, tune_gc: bool = False) -> None:
+    def __init__(self, broker: Broker, ttl_interval: float = 1.0, tune_gc: bool = False,
+                 pack_at_rest: float = 1.0) -> None:
         super().__init__()
         self.broker = broker
         self.ttl_interval = ttl_interval
+        # seconds between looks for ready backlogs at rest (mqserver.broker.resting)
+        self.pack_at_rest = pack_at_rest
         self.tune_gc = tune_gc
         self._expiry = LoopingCall(self._expire)
         self._expiry.clock = broker.clock
@@ -59,6 +62,7 @@ class BrokerService(MultiService):
             messages=sum(len(q.messages) for q in recovered.queues.values()),
         )
         self._expiry.start(self.ttl_interval, now=False)
+        self.broker.resting.start(self.pack_at_rest)
         self.broker.flow.start()
         if self.tune_gc:
             # Long-lived broker state would otherwise be rescanned by every
@@ -134,6 +138,7 @@ class BrokerService(MultiService):
         ])
         if self._expiry.running:
             self._expiry.stop()
+        self.broker.resting.stop()
         self.broker.flow.stop()
         self._stop_reading()
         return journal

@@ -44,7 +44,7 @@ def messages(draw: st.DrawFn, seq: int) -> Message:
 OPS = st.lists(
     st.sampled_from([
         "append", "append", "append", "extend", "appendleft", "popleft", "popleft", "clear",
-        "restore", "restore", "expire", "peek", "index",
+        "restore", "restore", "expire", "peek", "index", "pack_head",
     ]),
     max_size=120,
 )
@@ -108,6 +108,10 @@ def test_packed_ready_matches_a_deque(data, ops, chunk_size):
             expected = [m for m in model if m.expires_at is not None and m.expires_at <= now]
             model = deque(m for m in model if m not in expected)
             assert ready.take_expired(now) == expected
+        elif op == "pack_head":
+            hold: list[Message] = []
+            while ready.pack_head(draw(st.integers(0, 3)), draw(st.integers(1, 2)), hold):
+                pass
         elif op == "peek":
             limit = draw(st.integers(0, 5))
             assert list(islice(ready, limit)) == list(islice(model, limit))

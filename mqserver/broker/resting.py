@@ -1,0 +1,133 @@
+# -*- test-case-name: tests.unit.test_resting -*-
+"""Pack a ready backlog at rest: all of it, not only what came past ``--pack-ready-after``.
+
+A queue keeps its first ``--pack-ready-after`` ready messages (250,000 by
+default) as ``Message`` objects, about 350 bytes each, because packing them
+as they come and unpacking them as they go would cost a publish-then-drain
+burst about 1 us per message.  A backlog that nobody publishes to or drains
+gains nothing from them, though: packed, they cost about 125 bytes.
+
+``Resting`` looks at every queue once per interval (``--pack-at-rest``, a
+``LoopingCall`` on the broker's clock).  A queue holding at least ``least``
+ready messages, through which fewer than ``quiet`` messages went (published,
+delivered or requeued) since the previous look, is at rest: its head is
+packed but for its first chunk, ``SLICE`` chunks per reactor turn (about
+0.5 ms each), so the reactor never stalls on a million messages.  A burst is
+never touched (it moves far more than ``quiet`` messages in an interval),
+and a slow consumer unpacks one chunk per ``CHUNK`` messages it takes.
+
+Packing changes nothing a client or a store can see: the same messages in
+the same order (``mqserver.durability.broker_state`` is equal before and
+after), and no store op.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+
+from mqserver.broker.ready import CHUNK
+
+if TYPE_CHECKING:
+    from mqserver.broker.core import Broker
+    from mqserver.broker.queue import Queue
+    from mqserver.model import Message
+
+log = Logger()
+
+SLICE = 8
+"""Chunks packed per reactor turn (about 0.5 ms each)."""
+LEAST = 4 * CHUNK
+"""Ready messages a queue must hold to be packed at rest: a smaller one costs
+less than a megabyte as objects."""
+QUIET = CHUNK
+"""Fewer messages than this through a queue in an interval, and it is at rest."""
+
+
+class Resting:
+    """Finds backlogs at rest each interval and packs them a slice per reactor turn.
+
+    ``least``, ``keep``, ``quiet`` and ``slice`` are attributes so tests and the
+    durability machine can make them small; how a queue packs is the
+    broker's (``Broker.pack_resting``: its chunk size, its writer).
+    """
+
+    def __init__(self, broker: Broker) -> None:
+        self.broker = broker
+        self.least = LEAST
+        self.keep = CHUNK  # messages left as objects at the head
+        self.quiet = QUIET
+        self.slice = SLICE
+        # what each large queue had moved at the previous look
+        self._marks: dict[Queue, int] = {}
+        # queues found at rest, packed from the first; a slice is due while any is left
+        self._packing: list[Queue] = []
+        # what the first of them packed so far, let go of once it is done
+        # (see PackedReady.pack_head: freed together, their memory goes back)
+        self._held: list[Message] = []
+        self._slice_call: Any = None
+        self._loop = LoopingCall(self.look)
+        self._loop.clock = broker.clock
+
+    def start(self, interval: float) -> None:
+        """Look every ``interval`` seconds (0 or less: never)."""
+        if interval > 0 and not self._loop.running:
+            self._loop.start(interval, now=False)
+
+    def stop(self) -> None:
+        if self._loop.running:
+            self._loop.stop()
+        if self._slice_call is not None and self._slice_call.active():
+            self._slice_call.cancel()
+        self._slice_call = None
+        self._packing.clear()
+        self._held = []
+
+    def look(self) -> None:
+        """Find the queues at rest and start packing them (catches and logs its errors,
+        so the ``LoopingCall`` keeps running)."""
+        try:
+            self._look()
+        except Exception:
+            log.failure("looking for ready backlogs at rest failed; it looks again next interval")
+
+    def _look(self) -> None:
+        least, quiet = self.least, self.quiet
+        previous = self._marks
+        marks: dict[Queue, int] = {}
+        for queue in self.broker.queues.values():
+            if len(queue.ready) < least:
+                continue
+            moved = marks[queue] = queue.enqueued + queue.delivered + queue.requeued
+            before = previous.get(queue)
+            if before is not None and moved - before < quiet and queue not in self._packing:
+                self._packing.append(queue)
+        self._marks = marks
+        if self._packing and self._slice_call is None:
+            self._slice_call = self.broker.clock.callLater(0, self._next_slice)
+
+    def _next_slice(self) -> None:
+        self._slice_call = None
+        try:
+            more = self.pack_slice()
+        except Exception:
+            log.failure("packing a ready backlog at rest failed; it is tried again next interval")
+            self._packing.clear()
+            self._held = []
+            return
+        if more:
+            self._slice_call = self.broker.clock.callLater(0, self._next_slice)
+
+    def pack_slice(self) -> bool:
+        """Pack one slice of the first queue found at rest; True while more are due."""
+        packing = self._packing
+        if not packing:
+            return False
+        queue = packing[0]
+        broker = self.broker
+        if queue.deleted or not broker.pack_resting(queue, self.keep, self.slice, self._held):
+            packing.pop(0)
+            self._held = []
+        return bool(packing)
