@@ -95,8 +95,8 @@ def _one(column: Joined, i: int) -> bytes:
 class Chunk:
     """Up to a few thousand consecutive ready messages as columns.
 
-    ``seqs`` is a ``range`` when consecutive (a burst into one queue), else an
-    array; ``expires`` is None when no message has a TTL, else floats with
+    ``seqs`` is an array of the first seq alone when consecutive (a burst
+    into one queue), else of every seq (``seq_column`` reads both); ``expires`` is None when no message has a TTL, else floats with
     NaN for "none"; ``retries`` is one int when all are equal (normally 0).
     ``first_expiry`` lets the TTL sweep skip a chunk without unpacking it.
     """
@@ -134,11 +134,12 @@ class Chunk:
         self.events = _shared(events)
         self.headers = _same(headers)
         self.sources = _shared(sources)
-        # a fresh int: the message's own (as the range's start) would keep the
-        # pymalloc arena it sits in, 1 MiB, from going back once the messages go
-        first = seqs[0] + 0
+        # consecutive: the first alone, in an array (not a range: its int objects,
+        # long-lived among a publish burst's short-lived ones, would each keep a
+        # pymalloc arena of 1 MiB from going back once the messages around go)
+        first = seqs[0]
         consecutive = seqs[-1] - first == count - 1 and seqs == list(range(first, first + count))
-        self.seqs = range(first, first + count) if consecutive else array("q", seqs)
+        self.seqs = array("q", [first] if consecutive else seqs)
         self.created = array("d", created)
         if expires.count(None) == count:
             self.expires = None
@@ -159,11 +160,16 @@ class Chunk:
         retries = self.retries
         return list(map(
             Message, _split(self.ids), _column(self.queues, count), _split(self.bodies),
-            self.seqs, _column(self.events, count), _column(self.headers, count),
+            self.seq_column(), _column(self.events, count), _column(self.headers, count),
             self.created, expires,
             repeat(retries, count) if type(retries) is int else retries,
             _column(self.sources, count),
         ))
+
+    def seq_column(self) -> Iterable[int]:
+        """The messages' seqs: a range when consecutive, else the array."""
+        seqs = self.seqs
+        return range(seqs[0], seqs[0] + self.count) if len(seqs) == 1 else seqs
 
     def message(self, i: int) -> Message:
         """Message ``i`` alone (for peeks at either end and bisecting by seq)."""
@@ -171,7 +177,8 @@ class Chunk:
         expires = None if self.expires is None else self.expires[i]
         retries = self.retries
         return Message(
-            _one(self.ids, i), _at(self.queues, i), _one(self.bodies, i), self.seqs[i],
+            _one(self.ids, i), _at(self.queues, i), _one(self.bodies, i),
+            self.seqs[0] + i if len(self.seqs) == 1 else self.seqs[i],
             _at(self.events, i), _at(self.headers, i), self.created[i],
             None if expires != expires else expires,
             retries if type(retries) is int else retries[i], _at(self.sources, i),
