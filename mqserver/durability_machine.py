@@ -180,8 +180,9 @@ class DurabilityMachine(RuleBasedStateMachine):
         self.broker = Broker(store, self.clock)
         self.broker.pack_ready_after = PACK_READY_AFTER
         self.broker.pack_chunk = PACK_CHUNK
-        self.broker.resting.least = PACK_CHUNK + 1
-        self.broker.resting.keep = 1
+        # packing at rest takes whole heads: a head here is a few messages
+        self.broker.resting.least = PACK_CHUNK
+        self.broker.resting.keep = 0
         store.broker = self.broker
         self.broker.load(recovered)
         self.store = store

@@ -96,8 +96,9 @@ class Chunk:
     """Up to a few thousand consecutive ready messages as columns.
 
     ``seqs`` is an array of the first seq alone when consecutive (a burst
-    into one queue), else of every seq (``seq_column`` reads both); ``expires`` is None when no message has a TTL, else floats with
-    NaN for "none"; ``retries`` is one int when all are equal (normally 0).
+    into one queue), else of every seq (``seq_column`` reads both);
+    ``expires`` is None when no message has a TTL, else floats with NaN for
+    "none"; ``retries`` is one int when all are equal (normally 0).
     ``first_expiry`` lets the TTL sweep skip a chunk without unpacking it.
     """
 
