@@ -49,6 +49,7 @@ from mqserver.broker.moving import MoveError
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Slots
 from mqserver.broker.ready import CHUNK
+from mqserver.broker.saving import durable_state
 from mqserver.durability import (
     Batch,
     RecordingStore,
@@ -56,7 +57,7 @@ from mqserver.durability import (
     check_recovered,
     replay,
 )
-from mqserver.interfaces import IMessageStore
+from mqserver.interfaces import ICleanShutdown, IMessageStore
 from mqserver.model import QueueOptions, Recovered
 from mqserver.packed import Backlog
 from mqserver.testing import RecordingSink
@@ -103,6 +104,8 @@ queue_options = st.builds(
     overflow=st.sampled_from([None, "drop-head", "reject-publish"]),
 )
 picks = st.integers(min_value=0, max_value=7)
+damages = st.sampled_from([None, None, None, "truncate", "flip", "stale"])
+"""What happens to a clean stop's snapshot before the next start (None: nothing)."""
 
 
 turn_ends = st.booleans()
@@ -165,6 +168,7 @@ class DurabilityMachine(RuleBasedStateMachine):
         self.path = Path(tempfile.mkdtemp(dir=self.directory)) / "store"
         self.batches: list[Batch] = []
         self.bursts = 0
+        self.old_snapshot: bytes | None = None
         blockingCallFromThread(self.reactor, self._open, 1_000_000.0)
 
     # -- a broker's life ----------------------------------------------------
@@ -412,6 +416,57 @@ class DurabilityMachine(RuleBasedStateMachine):
         loaded = broker_state(self.broker)
         assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
         self.broker.consume(self._connect(False), b"c0", b"q0", window)
+
+    @rule(window=st.sampled_from([None, 2]), damage=damages, at=st.integers(0, 1 << 20))
+    @on_reactor
+    @inlineCallbacks
+    def clean_restart(self, window: int | None, damage: str | None, at: int) -> Any:
+        """A clean stop (``ICleanShutdown``): the store keeps a snapshot of the broker's
+        state, in-flight messages included, and a fresh store starts from it; one
+        truncated at ``at``, with the byte there flipped, or ``stale`` (the one an
+        earlier clean stop left, or none) is not used: the store replays.  Either
+        way it must recover the model.  Then a crash right after that start: the
+        store is closed without a snapshot and opened again, and must replay the
+        same state (the snapshot was made unusable before the first open fired).
+        """
+        yield self._settle()
+        expected, next_seq = broker_state(self.broker), self.broker._seq
+        clean = ICleanShutdown(self.store.inner, None)
+        if clean is None:
+            yield self.store.close()
+        else:
+            assert (yield clean.close_clean(durable_state(self.broker))), "no snapshot written"
+            self._damage(clean.snapshot_path, damage, at)
+        store = self.make_store(self.path)
+        recovered = yield store.open()
+        try:
+            check_recovered(recovered, expected, next_seq,
+                            f"after a clean restart (snapshot {damage or 'intact'})")
+            if clean is not None:
+                used = ICleanShutdown(store).from_snapshot
+                assert used == (damage is None), f"snapshot {damage or 'intact'}, used: {used}"
+        finally:
+            yield store.close()
+        recovered = yield self._open(self.clock.seconds())
+        check_recovered(recovered, expected, next_seq, "after a crash following a clean restart")
+        assert not getattr(self.store.inner, "from_snapshot", False), "a snapshot used twice"
+        self.broker.consume(self._connect(False), b"c0", b"q0", window)
+
+    def _damage(self, path: Path, damage: str | None, at: int) -> None:
+        """Damage the snapshot at ``path``; keep an intact copy for a later ``stale``."""
+        intact = path.read_bytes()
+        if damage == "truncate":
+            path.write_bytes(intact[:at % len(intact)])
+        elif damage == "flip":
+            data = bytearray(intact)
+            data[at % len(data)] ^= 0xFF
+            path.write_bytes(bytes(data))
+        elif damage == "stale":
+            if self.old_snapshot is None:
+                path.unlink()
+            else:
+                path.write_bytes(self.old_snapshot)
+        self.old_snapshot = intact
 
     @invariant()
     @on_reactor

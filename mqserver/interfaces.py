@@ -53,6 +53,44 @@ class IMessageStore(Interface):
         """Flush and release everything.  :return: Deferred firing with None."""
 
 
+class ICleanShutdown(Interface):
+    """A durable store that keeps a snapshot of the broker's state at a clean stop.
+
+    Optional, beside ``IMessageStore``: the next ``open`` of a store that
+    provides it fires with the snapshot's state instead of replaying, when
+    the store confirms it unchanged since (docs/storage.md, "The
+    clean-shutdown snapshot").  Before that ``open`` fires, the snapshot is
+    made unusable durably (its mark in the store cleared, the file
+    removed), so a crash at any time after the reopen recovers by replay.
+    A snapshot that is missing, stale, truncated or corrupt is logged and
+    the store replays: it never fails the start.
+    """
+
+    from_snapshot = Attribute(
+        "bool: True when the last ``open`` started from the snapshot (no replay)."
+    )
+    snapshot_path = Attribute(
+        "pathlib.Path: the snapshot's file.  Deleting it makes the next open replay."
+    )
+
+    def close_clean(state):
+        """Close the store, leaving ``state`` for the next ``open`` to start from.
+
+        Called instead of ``close`` by a clean stop, and only once every op
+        the broker made is durable in the store (its writer flushed and
+        stopped): ``state`` is then exactly what the store holds.
+
+        :param state: a ``mqserver.model.Recovered`` of the broker's durable
+            state, each queue's messages a ``mqserver.packed.Backlog`` in seq
+            order (in-flight ones at their seq's place).  Read in the store's
+            thread; the broker no longer changes it.
+        :return: Deferred firing with True once the snapshot and the store's
+            mark of it are durable and the store is closed, or with False when
+            the store closed without one (a failure writing it is logged, not
+            raised: the next ``open`` replays).
+        """
+
+
 class IStoragePlugin(Interface):
     """A storage backend ``--storage NAME`` can choose."""
 

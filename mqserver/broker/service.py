@@ -14,7 +14,8 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqserver.broker.core import Broker
-from mqserver.interfaces import IClientConnection, IFlowControlled
+from mqserver.broker.saving import durable_state
+from mqserver.interfaces import ICleanShutdown, IClientConnection, IFlowControlled
 
 log = Logger()
 
@@ -104,7 +105,10 @@ class BrokerService(MultiService):
         3. Every client connection is closed, its output flushed first; its
            consumers are cancelled and unacked messages go back to their
            queues (they are stored as ready already: a delivery is no op).
-        4. Storage is flushed again, the journal sealed, the store closed.
+        4. Storage is flushed again, the journal sealed, the store closed:
+           with a snapshot of the broker's state (``ICleanShutdown``) when
+           the store provides it and holds every op, so the next start
+           reads that instead of replaying.
 
         A failing store does not block the stop: what it could not store is
         logged, and was never confirmed to anyone.
@@ -118,11 +122,19 @@ class BrokerService(MultiService):
         yield self._flush()
         for service in journal:
             yield service.stopService()
-        if self.broker.writer is not None:
-            self.broker.writer.stop()
-        yield self.broker.store.close()
-        log.info("stopped: store closed with {ready} messages ready",
-                 ready=self.broker.ready_count())
+        writer = self.broker.writer
+        if writer is not None:
+            writer.stop()
+        store = self.broker.store
+        clean = ICleanShutdown(store, None)
+        if clean is not None and writer is not None and writer.settled:
+            saved = yield clean.close_clean(durable_state(self.broker))
+        else:
+            saved = False
+            yield store.close()
+        log.info("stopped: store closed with {ready} messages ready{how}",
+                 ready=self.broker.ready_count(),
+                 how=" and a clean-shutdown snapshot" if saved else "")
 
     @inlineCallbacks
     def _stop_serving(self) -> Any:

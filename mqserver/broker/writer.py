@@ -81,6 +81,11 @@ class StoreWriter:
         """True from a failed batch until one succeeds; ops wait for the retry."""
         return self.last_error is not None
 
+    @property
+    def settled(self) -> bool:
+        """True when every op added so far is in the store: none pending, in flight or failed."""
+        return not self.ops and not self._in_flight and self.last_error is None
+
     def stop(self) -> None:
         """No more batches or retries: the service gave up on its last flush and
         closes the store, or the store's session is gone (``BrokerService.abandon``)."""
