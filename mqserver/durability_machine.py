@@ -174,10 +174,15 @@ class DurabilityMachine(RuleBasedStateMachine):
     # -- a broker's life ----------------------------------------------------
 
     @inlineCallbacks
-    def _open(self, now: float) -> Any:
-        """A store on ``self.path`` and a broker loaded from it; the state recovered."""
-        store = RecordingStore(self.make_store(self.path), self.batches)
-        recovered: Recovered = yield store.open()
+    def _open(self, now: float, opened: tuple[IMessageStore, Recovered] | None = None) -> Any:
+        """A store on ``self.path`` (or ``opened``, a store opened already, with what it
+        recovered) and a broker loaded from it; the state recovered."""
+        if opened is None:
+            inner = self.make_store(self.path)
+            recovered: Recovered = yield inner.open()
+        else:
+            inner, recovered = opened
+        store = RecordingStore(inner, self.batches)
         # a clock per broker: a stopped broker's timers must never run
         self.clock = Clock()
         self.clock.advance(now)
@@ -417,17 +422,22 @@ class DurabilityMachine(RuleBasedStateMachine):
         assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
         self.broker.consume(self._connect(False), b"c0", b"q0", window)
 
-    @rule(window=st.sampled_from([None, 2]), damage=damages, at=st.integers(0, 1 << 20))
+    @rule(window=st.sampled_from([None, 2]), damage=damages, at=st.integers(0, 1 << 20),
+          crash=st.booleans())
     @on_reactor
     @inlineCallbacks
-    def clean_restart(self, window: int | None, damage: str | None, at: int) -> Any:
+    def clean_restart(self, window: int | None, damage: str | None, at: int,
+                      crash: bool) -> Any:
         """A clean stop (``ICleanShutdown``): the store keeps a snapshot of the broker's
         state, in-flight messages included, and a fresh store starts from it; one
         truncated at ``at``, with the byte there flipped, or ``stale`` (the one an
         earlier clean stop left, or none) is not used: the store replays.  Either
-        way it must recover the model.  Then a crash right after that start: the
-        store is closed without a snapshot and opened again, and must replay the
-        same state (the snapshot was made unusable before the first open fired).
+        way it must recover the model.  With ``crash``, a crash right after that
+        start: the store is closed without a snapshot and opened again, and must
+        replay the same state (the snapshot was made unusable before the first
+        open fired); without, the example goes on with the store that started
+        from the snapshot (its index too, for the log), and later restarts replay
+        what it wrote.
         """
         yield self._settle()
         expected, next_seq = broker_state(self.broker), self.broker._seq
@@ -445,11 +455,19 @@ class DurabilityMachine(RuleBasedStateMachine):
             if clean is not None:
                 used = ICleanShutdown(store).from_snapshot
                 assert used == (damage is None), f"snapshot {damage or 'intact'}, used: {used}"
-        finally:
+        except BaseException:
             yield store.close()
-        recovered = yield self._open(self.clock.seconds())
-        check_recovered(recovered, expected, next_seq, "after a crash following a clean restart")
-        assert not getattr(self.store.inner, "from_snapshot", False), "a snapshot used twice"
+            raise
+        if crash:
+            yield store.close()
+            recovered = yield self._open(self.clock.seconds())
+            check_recovered(recovered, expected, next_seq,
+                            "after a crash following a clean restart")
+            assert not getattr(self.store.inner, "from_snapshot", False), "a snapshot used twice"
+        else:
+            yield self._open(self.clock.seconds(), (store, recovered))
+        loaded = broker_state(self.broker)
+        assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
         self.broker.consume(self._connect(False), b"c0", b"q0", window)
 
     def _damage(self, path: Path, damage: str | None, at: int) -> None:

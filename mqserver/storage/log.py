@@ -37,9 +37,10 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from mqserver.interfaces import IMessageStore
+from mqserver.interfaces import ICleanShutdown, IMessageStore
 from mqserver.model import Recovered
 from mqserver.storage import log_records as records
+from mqserver.storage import log_snapshot, snapshot
 from mqserver.storage.errors import StoreClosedError, StoreFailedError
 from mqserver.storage.log_batch import encode_batch
 from mqserver.storage.log_compaction import Compaction
@@ -63,7 +64,7 @@ def parse_fsync(value: str) -> tuple[str, float]:
     raise ValueError(f"--fsync must be always, never or interval:MS (MS > 0), not {value!r}")
 
 
-@implementer(IMessageStore)
+@implementer(IMessageStore, ICleanShutdown)
 class LogStore(Compaction):
     """``IMessageStore`` on segment files; see the module docstring."""
 
@@ -110,6 +111,9 @@ class LogStore(Compaction):
         self.records_copied = self.segments_deleted = 0
         self.max_slice_seconds = 0.0
         self.recovery: RecoveryResult | None = None
+        # the clean-shutdown snapshot, and whether the last open started from it
+        self.snapshot_path = self.directory / snapshot.FILENAME
+        self.from_snapshot = False
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -122,9 +126,16 @@ class LogStore(Compaction):
     def _open_thd(self) -> RecoveryResult:
         self._files.lock_thd()
         try:
-            result = recover_thd(self._files)
+            notes: list[tuple[str, str]] = []
+            result = log_snapshot.recover_thd(self._files, self.snapshot_path, notes)
+            self.from_snapshot = result is not None
+            if result is None:
+                result = recover_thd(self._files)
+                result.notes[:0] = notes
             active = max(result.segments, default=0) + 1
+            # the new segment also makes the snapshot stale, before open fires
             self._files.start_segment_thd(active, result.next_seq)
+            log_snapshot.discard_thd(self.snapshot_path, result.notes)
         except BaseException:
             self._files.close_thd()
             raise
@@ -133,7 +144,7 @@ class LogStore(Compaction):
 
     def _opened(self, result: RecoveryResult) -> Recovered:
         for level, text in result.notes:
-            (log.error if level == "error" else log.warn)("{text}", text=text)
+            {"error": log.error, "info": log.info}.get(level, log.warn)("{text}", text=text)
         self.recovery = result
         self._index = result.index
         self._segments = result.segments
@@ -166,16 +177,42 @@ class LogStore(Compaction):
     def close(self) -> Any:
         if not self._thread.running:
             return
+        yield self._quiesce()
+        try:
+            yield self._thread.run(self._files.close_thd)
+        finally:
+            self._thread.stop()
+
+    @inlineCallbacks
+    def close_clean(self, state: Recovered) -> Any:
+        """``ICleanShutdown``: write the snapshot (``log_snapshot.save_thd``), then close.
+
+        Not after a failed write: the files may not hold what ``state`` says.
+        """
+        if not self._thread.running:
+            return False
+        yield self._quiesce()
+        saved = False
+        try:
+            if self._failure is None:
+                saved, text = yield self._thread.run(
+                    log_snapshot.save_thd, self._files, self.snapshot_path, state,
+                    self._next_seq, self._index)
+                (log.info if saved else log.error)("{text}", text=text)
+            yield self._thread.run(self._files.close_thd)
+        finally:
+            self._thread.stop()
+        return saved
+
+    @inlineCallbacks
+    def _quiesce(self) -> Any:
+        """No more writes, fsync ticks or compaction: what a close starts with."""
         self.is_open = False
         self._closing = True
         if self._ticker.running:
             self._ticker.stop()
         if self._compaction is not None:
             yield self._compaction
-        try:
-            yield self._thread.run(self._files.close_thd)
-        finally:
-            self._thread.stop()
 
     # -- writing -------------------------------------------------------------
 

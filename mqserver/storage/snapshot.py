@@ -18,10 +18,11 @@ the byte order the header names)::
         arrays) | u32 sections | u64 token | u64 body bytes | u32 crc32 of
         the header before it
     body: sections, each u64 length | u32 crc32(payload) | payload:
-        1. the state: next_seq, records, and each queue's name, options,
+        1. the store's own section, opaque here: what the store checks its
+           files against (and the log's index), read first;
+        2. the state: next_seq, records, and each queue's name, options,
            bindings and number of chunks;
-        2. each queue's chunks in seq order, one section each;
-        3. the store's own section (the log's index), opaque here.
+        3. each queue's chunks in seq order, one section each.
 
 Reading checks the header, each section's length against what is left of
 the file and its checksum before parsing it, and every count and length
@@ -39,7 +40,7 @@ import struct
 import sys
 import zlib
 from array import array
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -71,13 +72,13 @@ class Snapshot:
 
     token: int
     recovered: Recovered
-    extra: bytes
+    extra: Any  # what the store's ``accept`` made of its section
 
 
 # -- writing --------------------------------------------------------------------
 
 
-class _Out:
+class SectionWriter:
     """One section's payload as parts (bodies are written as they are, never copied)."""
 
     def __init__(self) -> None:
@@ -118,8 +119,8 @@ class _Out:
         self.blob(values.tobytes())
 
 
-def _state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> _Out:
-    out = _Out()
+def _state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> SectionWriter:
+    out = SectionWriter()
     out.u64(recovered.next_seq)
     records = {ns: values for ns, values in recovered.records.items() if values}
     out.u32(len(records))
@@ -147,7 +148,7 @@ def _state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> _O
     return out
 
 
-def _joined(out: _Out, column: Any) -> None:
+def _joined(out: SectionWriter, column: Any) -> None:
     data, ends = column if type(column) is not list else _join(column)
     out.blob(data)
     out.array(ends)
@@ -162,7 +163,7 @@ def _join(values: list[bytes]) -> tuple[bytes, array[int]]:
     return data, ends
 
 
-def _values(out: _Out, column: Any, encode: Any) -> None:
+def _values(out: SectionWriter, column: Any, encode: Any) -> None:
     """A column of immutable values (queue, event, source): one shared value, or a
     table of the distinct ones and an index per message."""
     if type(column) is not list:
@@ -178,7 +179,7 @@ def _values(out: _Out, column: Any, encode: Any) -> None:
     out.array(index)
 
 
-def _headers(out: _Out, column: Any) -> None:
+def _headers(out: SectionWriter, column: Any) -> None:
     """Headers: one dict every message shares (one object, as live), or one each."""
     def encode(value: dict[str, str] | None) -> None:
         out.blob(None if value is None else json.dumps(value).encode("ascii"))
@@ -192,8 +193,8 @@ def _headers(out: _Out, column: Any) -> None:
         encode(value)
 
 
-def _chunk_section(chunk: Chunk) -> _Out:
-    out = _Out()
+def _chunk_section(chunk: Chunk) -> SectionWriter:
+    out = SectionWriter()
     out.u32(chunk.count)
     _joined(out, chunk.ids)
     _joined(out, chunk.bodies)
@@ -237,7 +238,7 @@ def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> i
     """Write the snapshot atomically (a temporary file, fsync, rename, fsync of the
     directory); returns its size.  Runs in a store's thread: it blocks."""
     chunks = {name: chunks_of(rq.messages) for name, rq in recovered.queues.items()}
-    sections: Iterator[_Out] = _sections(recovered, chunks, extra)
+    sections: Iterator[SectionWriter] = _sections(recovered, chunks, extra)
     count = 2 + sum(map(len, chunks.values()))
     tmp = path.with_name(path.name + ".tmp")
     size = HEADER_SIZE
@@ -256,14 +257,14 @@ def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> i
 
 
 def _sections(recovered: Recovered, chunks: dict[bytes, list[Chunk]],
-              extra: bytes) -> Iterator[_Out]:
+              extra: bytes) -> Iterator[SectionWriter]:
+    out = SectionWriter()
+    out.parts.append(extra)
+    yield out
     yield _state_section(recovered, chunks)
     for name in recovered.queues:
         for chunk in chunks[name]:
             yield _chunk_section(chunk)
-    out = _Out()
-    out.parts.append(extra)
-    yield out
 
 
 def _write_section(f: BinaryIO, parts: list[bytes]) -> int:
@@ -299,7 +300,7 @@ def discard(path: Path) -> bool:
 # -- reading --------------------------------------------------------------------
 
 
-class _In:
+class SectionReader:
     """A section's payload, read with every length checked against what is left."""
 
     def __init__(self, data: bytes, swap: bool) -> None:
@@ -357,7 +358,7 @@ class _In:
             raise SnapshotError(f"a count ({n}) larger than its section")
         return n
 
-    def array(self, typecodes: str, count: int) -> array[Any]:
+    def array(self, typecodes: str, count: int | None = None) -> array[Any]:
         typecode = self.take(1).decode("ascii")
         if typecode not in typecodes:
             raise SnapshotError(f"array type {typecode!r} where {typecodes!r} belongs")
@@ -365,7 +366,7 @@ class _In:
         values.frombytes(self.some_blob())
         if self.swap:
             values.byteswap()
-        if len(values) != count:
+        if count is not None and len(values) != count:
             raise SnapshotError(f"an array of {len(values)} values for {count} messages")
         return values
 
@@ -374,7 +375,7 @@ class _In:
             raise SnapshotError(f"{len(self.data) - self.at} bytes left over in a section")
 
 
-def _read_values(data: _In, count: int, decode: Any) -> Any:
+def _read_values(data: SectionReader, count: int, decode: Any) -> Any:
     if not data.u8():
         return decode()
     table = [decode() for _ in range(data.count())]
@@ -384,7 +385,7 @@ def _read_values(data: _In, count: int, decode: Any) -> Any:
     return [table[i] for i in index]
 
 
-def _read_headers(data: _In, count: int) -> Any:
+def _read_headers(data: SectionReader, count: int) -> Any:
     def decode() -> dict[str, str] | None:
         value = data.blob()
         if value is None:
@@ -397,7 +398,7 @@ def _read_headers(data: _In, count: int) -> Any:
     return decode() if not data.u8() else [decode() for _ in range(count)]
 
 
-def _read_joined(data: _In, count: int) -> tuple[bytes, array[int]]:
+def _read_joined(data: SectionReader, count: int) -> tuple[bytes, array[int]]:
     joined = data.some_blob()
     ends = data.array("IQ", count)
     if count and ends[-1] != len(joined):
@@ -405,7 +406,7 @@ def _read_joined(data: _In, count: int) -> tuple[bytes, array[int]]:
     return joined, ends
 
 
-def _read_chunk(data: _In) -> Chunk:
+def _read_chunk(data: SectionReader) -> Chunk:
     chunk = Chunk.__new__(Chunk)
     count = chunk.count = data.u32()
     if not count:
@@ -429,7 +430,7 @@ def _read_chunk(data: _In) -> Chunk:
     return chunk
 
 
-def _read_options(data: _In) -> QueueOptions:
+def _read_options(data: SectionReader) -> QueueOptions:
     delete_when_unused = data.opt_f64()
     bare = bool(data.u8())
     dead_letter = data.blob()
@@ -439,7 +440,7 @@ def _read_options(data: _In) -> QueueOptions:
                         data.opt_f64(), data.text())
 
 
-def _read_state(data: _In) -> tuple[Recovered, list[tuple[bytes, int]]]:
+def _read_state(data: SectionReader) -> tuple[Recovered, list[tuple[bytes, int]]]:
     recovered = Recovered(next_seq=data.u64())
     for _ in range(data.count()):
         values = recovered.records.setdefault(data.some_blob(), {})
@@ -465,7 +466,7 @@ class _File:
         self.left = left
         self.swap = flags != _FLAGS
 
-    def section(self) -> _In:
+    def section(self) -> SectionReader:
         head = self.f.read(_SECTION.size)
         if len(head) != _SECTION.size:
             raise SnapshotError("truncated: a section header is cut off")
@@ -479,7 +480,7 @@ class _File:
             raise SnapshotError("truncated: a section is cut off")
         if zlib.crc32(payload) != crc:
             raise SnapshotError("a section fails its checksum")
-        return _In(payload, self.swap)
+        return SectionReader(payload, self.swap)
 
 
 def read_header(f: BinaryIO) -> tuple[int, int, int, int]:
@@ -499,10 +500,13 @@ def read_header(f: BinaryIO) -> tuple[int, int, int, int]:
     return flags, sections, token, body
 
 
-def read(path: Path, token: int | None = None) -> Snapshot:
+def read(path: Path, token: int | None = None,
+         accept: Callable[[SectionReader], Any] | None = None) -> Snapshot:
     """The snapshot at ``path``; with ``token``, only if it is the one the store
-    marked (checked before the body is read).  Raises ``SnapshotError`` (or
-    ``OSError``) when it cannot be used."""
+    marked.  ``accept`` gets the store's section, first: it raises
+    ``SnapshotError`` if the store's files changed since, and what it returns
+    is the ``Snapshot``'s ``extra``; the messages are read only then.  Raises
+    ``SnapshotError`` (or ``OSError``) when the snapshot cannot be used."""
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         flags, sections, found, body = read_header(f)
@@ -512,13 +516,16 @@ def read(path: Path, token: int | None = None) -> Snapshot:
             raise SnapshotError(f"truncated or extended: {size - HEADER_SIZE} body bytes, "
                                 f"the header says {body}")
         try:
-            return _read_body(_File(f, body, flags), sections, found)
+            return _read_body(_File(f, body, flags), sections, found, accept)
         except (struct.error, ValueError, OverflowError, UnicodeDecodeError,
                 RecursionError) as e:
             raise SnapshotError(f"malformed: {e}") from e
 
 
-def _read_body(f: _File, sections: int, token: int) -> Snapshot:
+def _read_body(f: _File, sections: int, token: int,
+               accept: Callable[[SectionReader], Any] | None) -> Snapshot:
+    section = f.section()
+    extra = section.data if accept is None else accept(section)
     recovered, layout = _read_state(f.section())
     if sum(chunks for _, chunks in layout) != sections - 2:
         raise SnapshotError("the header and the state disagree on the number of sections")
@@ -527,7 +534,6 @@ def _read_body(f: _File, sections: int, token: int) -> Snapshot:
         assert isinstance(backlog, Backlog)
         for _ in range(chunks):
             backlog.append_chunk(_read_chunk(f.section()))
-    extra = f.section().data
     if f.left:
         raise SnapshotError(f"{f.left} bytes after the last section")
     share_recovered_values(recovered.queues.values())

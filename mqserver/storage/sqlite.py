@@ -357,10 +357,11 @@ class SQLiteStore:
         try:
             if row is None:
                 raise snapshot.SnapshotError("stale: the database holds no mark of it")
-            saved = snapshot.read(self.snapshot_path, row[0])
-            if saved.extra != files:
-                raise snapshot.SnapshotError("stale: the database files changed since")
-            recovered = saved.recovered
+            def unchanged(section: snapshot.SectionReader) -> None:
+                if section.data != files:
+                    raise snapshot.SnapshotError("stale: the database files changed since")
+
+            recovered = snapshot.read(self.snapshot_path, row[0], unchanged).recovered
             notes.append(f"clean-shutdown snapshot {self.snapshot_path} used: "
                          f"{len(recovered.queues)} queues, {snapshot.message_count(recovered)} "
                          f"messages read in {time.perf_counter() - started:.3f} s (no replay)")

@@ -11,6 +11,7 @@ from zope.interface.verify import verifyObject
 from mqserver.broker.core import Broker
 from mqserver.interfaces import (
     IBroker,
+    ICleanShutdown,
     IClientConnection,
     IDeliverySink,
     IMessageStore,
@@ -50,9 +51,11 @@ IMPLEMENTATIONS = [
     (IStoragePlugin, lambda: memory),
     (IPlugin, lambda: memory),
     (IMessageStore, lambda: SQLiteStore("unused.sqlite3")),
+    (ICleanShutdown, lambda: SQLiteStore("unused.sqlite3")),
     (IStoragePlugin, lambda: sqlite),
     (IPlugin, lambda: sqlite),
     (IMessageStore, lambda: LogStore("unused-log")),
+    (ICleanShutdown, lambda: LogStore("unused-log")),
     (IStoragePlugin, lambda: logstore),
     (IPlugin, lambda: logstore),
     (IProtocolPlugin, lambda: mqks),

@@ -200,3 +200,73 @@ def test_commit_time_is_published_for_metrics(tmp_path):
     yield store.close()
     assert metrics["commits_total"] == 1
     assert metrics["commit_seconds_total"] >= metrics["last_commit_seconds"] > 0
+
+
+# -- the clean-shutdown snapshot -------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def closed_clean(path: Path) -> Any:
+    """A database with two messages, closed with a snapshot; what it recovered."""
+    store = SQLiteStore(path)
+    yield store.open()
+    yield store.apply([(DECLARE, b"q", QueueOptions()), (ENQUEUE, message(1)),
+                       (ENQUEUE, message(2))])
+    yield store.close()
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    assert (yield store.close_clean(recovered))
+    return recovered
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_clean_close_is_started_from_once(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    yield closed_clean(path)
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    assert store.from_snapshot and not store.snapshot_path.exists()
+    # the mark went in the same open: a crash now replays
+    yield store.close()
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT * FROM meta WHERE key = 'snapshot'").fetchall() == []
+    conn.close()
+    store = SQLiteStore(path)
+    again = yield store.open()
+    yield store.close()
+    assert not store.from_snapshot
+    assert [m.seq for m in again.queues[b"q"].messages] == \
+        [m.seq for m in recovered.queues[b"q"].messages] == [1, 2]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_write_after_the_clean_close_makes_the_snapshot_stale(tmp_path: Path) -> Any:
+    """An older release (which keeps the mark) or a hand edit: the files changed."""
+    path = tmp_path / "mqserver.sqlite3"
+    yield closed_clean(path)
+    conn = sqlite3.connect(path)
+    conn.execute("DELETE FROM messages WHERE seq = 1")
+    conn.commit()
+    conn.close()
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    yield store.close()
+    assert not store.from_snapshot and not store.snapshot_path.exists()
+    assert [m.seq for m in recovered.queues[b"q"].messages] == [2]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_snapshot_without_the_mark_is_not_used(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    yield closed_clean(path)
+    kept = (tmp_path / "mqserver.snapshot").read_bytes()
+    store = SQLiteStore(path)
+    yield store.open()  # uses it, and clears the mark
+    yield store.apply([(ENQUEUE, message(3))])
+    yield store.close()
+    (tmp_path / "mqserver.snapshot").write_bytes(kept)  # an old copy put back
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    yield store.close()
+    assert not store.from_snapshot
+    assert [m.seq for m in recovered.queues[b"q"].messages] == [1, 2, 3]

@@ -1,0 +1,176 @@
+# -*- test-case-name: tests.unit.test_log_snapshot -*-
+"""The log's own section of the clean-shutdown snapshot: its segments as the clean
+close left them, its next seq, and its index.
+
+**When the snapshot stands for the log.**  Only if the segment files are
+exactly those the clean close left: the same numbers, sizes and mtimes.
+Every open starts a new segment, compaction only adds segments and deletes
+the oldest, and recovery truncates a torn tail: any write after the close,
+by this release or an older one, or a crash's repair, changes them.  The
+store's first act after it read the snapshot is to start that new segment
+(fsynced, with its directory), so from then on a crash replays.
+
+**Why the index.**  The state alone would let the broker start, but the
+store must still know where the live copy of every message, declare,
+binding and record sits, and how many live bytes each segment holds
+(compaction and its garbage ratio, ``log_index``).  Replaying the log to
+rebuild it would cost most of what the snapshot saves, so it is kept here:
+each queue's ``SeqIndex`` as its three arrays, the few other locations as
+numbers.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from mqserver.model import Recovered
+from mqserver.storage import snapshot
+from mqserver.storage.log_index import LogIndex, SeqIndex
+from mqserver.storage.log_recovery import RecoveryResult
+from mqserver.storage.log_segment import SegmentFiles
+from mqserver.storage.snapshot import SectionReader, SectionWriter, SnapshotError
+
+Segments = list[tuple[int, int, int]]
+"""(number, size, mtime in ns) of every segment, oldest first."""
+
+_MASK = (1 << 64) - 1
+
+
+def segments_thd(files: SegmentFiles) -> Segments:
+    found = []
+    for number in files.segments_thd():
+        stat = os.stat(files.path(number))
+        found.append((number, stat.st_size, stat.st_mtime_ns))
+    return found
+
+
+def encode(segments: Segments, next_seq: int, index: LogIndex) -> bytes:
+    """The section; archives every queue's ``SeqIndex`` (the store is closing)."""
+    out = SectionWriter()
+    out.u32(len(segments))
+    for number, size, mtime in segments:
+        out.u64(number)
+        out.u64(size)
+        out.u64(mtime)
+    out.u64(next_seq)
+    out.u32(len(index.live))
+    for segment, live in index.live.items():
+        out.u64(segment)
+        out.i64(live)
+    out.u32(len(index.messages))
+    for queue, by_seq in index.messages.items():
+        by_seq.archive()
+        first = by_seq.first
+        out.blob(queue)
+        out.array(by_seq.seqs[first:])
+        out.array(by_seq.segments[first:])
+        out.array(by_seq.places[first:])
+    _locations(out, index.declares)
+    for nested in (index.bindings, index.records):
+        out.u32(len(nested))
+        for name, locations in nested.items():
+            out.blob(name)
+            _locations(out, locations)
+    return b"".join(out.parts)
+
+
+def _locations(out: SectionWriter, locations: dict[bytes, int]) -> None:
+    out.u32(len(locations))
+    for key, location in locations.items():
+        out.blob(key)
+        out.u64(location >> 64)
+        out.u64(location & _MASK)
+
+
+def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, int], int]:
+    """(index, segment sizes, next seq) from the section, if ``now`` (the segments as
+    they are) is what it recorded; ``SnapshotError`` otherwise."""
+    then = [(section.u64(), section.u64(), section.u64()) for _ in range(section.count())]
+    if then != now:
+        raise SnapshotError("stale: the log's segments changed since")
+    next_seq = section.u64()
+    index = LogIndex()
+    for _ in range(section.count()):
+        segment = section.u64()
+        index.live[segment] = section.i64()
+    index.live_total = sum(index.live.values())
+    for _ in range(section.count()):
+        queue = section.some_blob()
+        by_seq = index.messages[queue] = SeqIndex()
+        by_seq.seqs = section.array("q")
+        count = len(by_seq.seqs)
+        by_seq.segments = section.array("Q", count)
+        by_seq.places = section.array("Q", count)
+        by_seq.last = by_seq.seqs[-1] if count else -1
+    index.declares = _read_locations(section)
+    index.bindings = {section.some_blob(): _read_locations(section)
+                      for _ in range(section.count())}
+    index.records = {section.some_blob(): _read_locations(section)
+                     for _ in range(section.count())}
+    section.end()
+    return index, {number: size for number, size, _ in now}, next_seq
+
+
+def _read_locations(section: SectionReader) -> dict[bytes, int]:
+    locations = {}
+    for _ in range(section.count()):
+        key = section.some_blob()
+        locations[key] = (section.u64() << 64) | section.u64()
+    return locations
+
+
+
+
+def save_thd(files: SegmentFiles, path: Path, state: Recovered, next_seq: int,
+             index: LogIndex) -> tuple[bool, str]:
+    """Write the snapshot of a clean close, the active segment fsynced first (the
+    store thread, with the directory still locked); (saved, a line to log)."""
+    started = time.perf_counter()
+    try:
+        files.fsync_thd()
+        size = snapshot.write(path, state, snapshot.new_token(),
+                              encode(segments_thd(files), next_seq, index))
+    except Exception as e:  # the next open replays; the stop goes on
+        return False, f"clean-shutdown snapshot {path} not written ({e})"
+    return True, (f"clean-shutdown snapshot {path} written: {snapshot.message_count(state)} "
+                  f"messages, {size} bytes, in {time.perf_counter() - started:.3f} s")
+
+
+def recover_thd(files: SegmentFiles, path: Path,
+                notes: list[tuple[str, str]]) -> RecoveryResult | None:
+    """The recovery the snapshot at ``path`` stands for, if the segments are as it
+    recorded them; None (with the reason in ``notes``): replay the log."""
+    if not path.exists():
+        return None
+    started = time.perf_counter()
+
+    def unchanged(section: SectionReader) -> tuple[LogIndex, dict[int, int], int]:
+        return decode(section, segments_thd(files))
+
+    try:
+        saved = snapshot.read(path, accept=unchanged)
+    except (SnapshotError, OSError) as e:
+        notes.append(("warn", f"clean-shutdown snapshot {path} not used ({e}); "
+                                    "replaying the log"))
+        return None
+    index, segments, next_seq = saved.extra
+    recovered = saved.recovered
+    return RecoveryResult(recovered, index, segments, next_seq, [*notes, (
+        "info", f"clean-shutdown snapshot {path} used: {len(recovered.queues)} queues, "
+                f"{snapshot.message_count(recovered)} messages read in "
+                f"{time.perf_counter() - started:.3f} s (no replay)")])
+
+
+def discard_thd(path: Path, notes: list[tuple[str, str]]) -> None:
+    """Remove the snapshot once the new segment made it stale (tidiness: it can
+    no longer match)."""
+    try:
+        snapshot.discard(path)
+    except OSError as e:
+        notes.append(("warn", f"clean-shutdown snapshot {path} not removed ({e})"))
+
+
+__all__ = ["Segments", "decode", "discard_thd", "encode", "recover_thd", "save_thd",
+           "segments_thd"]
