@@ -149,9 +149,15 @@ def _state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> Se
 
 
 def _joined(out: SectionWriter, column: Any) -> None:
+    """Ids or bodies: the joined bytes, then each one's end (an array) or, when
+    all are as long, that one length."""
     data, ends = column if type(column) is not list else _join(column)
     out.blob(data)
-    out.array(ends)
+    out.u8(type(ends) is int)
+    if type(ends) is int:
+        out.u64(ends)
+    else:
+        out.array(ends)
 
 
 def _join(values: list[bytes]) -> tuple[bytes, array[int]]:
@@ -199,12 +205,7 @@ def _chunk_section(chunk: Chunk) -> SectionWriter:
     _joined(out, chunk.ids)
     _joined(out, chunk.bodies)
     _values(out, chunk.queues, out.blob)
-    seqs = chunk.seqs
-    out.u8(type(seqs) is range)
-    if type(seqs) is range:
-        out.i64(seqs.start)
-    else:
-        out.array(seqs)
+    out.array(chunk.seqs)  # every seq, or the first alone when consecutive
     _values(out, chunk.events, out.blob)
     _headers(out, chunk.headers)
     out.array(chunk.created)
@@ -398,10 +399,15 @@ def _read_headers(data: SectionReader, count: int) -> Any:
     return decode() if not data.u8() else [decode() for _ in range(count)]
 
 
-def _read_joined(data: SectionReader, count: int) -> tuple[bytes, array[int]]:
+def _read_joined(data: SectionReader, count: int) -> tuple[bytes, array[int] | int]:
     joined = data.some_blob()
+    if data.u8():
+        width = data.u64()
+        if not width or width * count != len(joined):
+            raise SnapshotError("joined values and their length disagree")
+        return joined, width
     ends = data.array("IQ", count)
-    if count and ends[-1] != len(joined):
+    if ends[-1] != len(joined):
         raise SnapshotError("joined values and their ends disagree")
     return joined, ends
 
@@ -414,8 +420,9 @@ def _read_chunk(data: SectionReader) -> Chunk:
     chunk.ids = _read_joined(data, count)
     chunk.bodies = _read_joined(data, count)
     chunk.queues = _read_values(data, count, data.some_blob)
-    chunk.seqs = range(first := data.i64(), first + count) if data.u8() \
-        else data.array("q", count)
+    chunk.seqs = data.array("q")
+    if len(chunk.seqs) not in (1, count):
+        raise SnapshotError(f"{len(chunk.seqs)} seqs for {count} messages")
     chunk.events = _read_values(data, count, data.blob)
     chunk.headers = _read_headers(data, count)
     chunk.created = data.array("d", count)
