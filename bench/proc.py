@@ -18,6 +18,9 @@ from typing import Protocol
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGE = os.sysconf("SC_PAGE_SIZE")
+#: seconds between looks at a starting server (its log, its port): the start-up
+#: figures (``bench.startup``) are no finer than this
+POLL = 0.005
 
 
 class Companion(Protocol):
@@ -61,7 +64,7 @@ class Server:
                 return matches
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} did not start:\n{self.log_text()[-2000:]}")
-            time.sleep(0.05)
+            time.sleep(POLL)
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the process (all its threads) and its companions so far."""
@@ -128,4 +131,4 @@ def wait_port(server: Server, port: int, timeout: float = 30.0) -> None:
                 raise RuntimeError(
                     f"{server.name} did not listen on {port}:\n{server.log_text()[-2000:]}"
                 ) from None
-            time.sleep(0.05)
+            time.sleep(POLL)

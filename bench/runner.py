@@ -43,6 +43,7 @@ class Options:
     queue_messages: int = shapes.OPTIONS["queue_messages"][0]
     idle_connections: int = shapes.OPTIONS["idle_connections"][0]
     body_bytes: int = shapes.OPTIONS["body_bytes"][0]
+    startup_starts: int = shapes.OPTIONS["startup_starts"][0]
     workloads: tuple[str, ...] = WORKLOADS
     only: str = ""  #: regular expression on system names
     verbose: bool = True
@@ -187,6 +188,9 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
 
 
 def brief(figures: dict[str, Any]) -> str:
+    if "listening" in figures:
+        return (f"listening in {figures['listening'] * 1e3:.0f} ms, first answer in "
+                f"{figures['answer'] * 1e3:.0f} ms (median of {figures['count']})")
     if "recovery" in figures:
         return (f"back in {figures['recovery']:.2f} s, RSS {figures['rss_before'] / 1e6:.0f} "
                 f"MB before, {figures['rss'] / 1e6:.0f} MB after")

@@ -1,11 +1,12 @@
-"""The workloads of issue 19's eighth target: fan-out, many queues, idle connections, large bodies.
+"""The workloads of issue 19's eighth target: fan-out, many queues, idle connections, large
+bodies; and the start-up of an empty server, beside the restart of its fifth.
 
 Each is a ``Shape``: which systems it runs (variants of the suite's systems:
 a fan-out width, a body size), one round of it, the figures of a round and
 their table row.  ``bench.runner`` and ``bench.report`` look a workload up
 in ``SHAPES`` and leave the rest to it; the workloads themselves live in
-``bench.fanout``, ``bench.idle`` and ``bench.bodies``.  docs/performance.md
-says what limits each figure.
+``bench.fanout``, ``bench.idle``, ``bench.bodies`` and ``bench.startup``.
+docs/performance.md says what limits each figure.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from bench import bodies, fanout, idle
+from bench import bodies, fanout, idle, startup
 from bench.servers import start_mqserver
 from bench.systems import System
 
@@ -33,6 +34,7 @@ OPTIONS: dict[str, tuple[int, int, str]] = {
     "queue_messages": (200_000, 2000, "messages spread over the queues per many-queues round"),
     "idle_connections": (10_000, 500, "idle connections opened per idle round"),
     "body_bytes": (128 << 20, 4 << 20, "bytes of bodies per large-body round"),
+    "startup_starts": (5, 2, "starts of an empty server per start-up round (their median)"),
 }
 QUICK = {name: quick for name, (_, quick, _) in OPTIONS.items()}
 
@@ -137,6 +139,13 @@ def idle_figures(r: dict[str, Any]) -> dict[str, float]:
             "opened": r["count"] / r["wall"]}
 
 
+# -- start-up ----------------------------------------------------------------
+
+def startup_run(system: Variant, number: int, options: Options, fleet: Fleet,
+                workdir: Path) -> dict[str, Any]:
+    return startup.startup(system, workdir / f"startup-r{number}", options.startup_starts)
+
+
 # -- large bodies ---------------------------------------------------------------
 
 BODY_SYSTEMS = tuple(f"{protocol}/{storage}" for storage in ("memory", "log-interval")
@@ -210,4 +219,10 @@ SHAPES: dict[str, Shape] = {
         lambda f: [f"{f['messages']:,.0f}", rate(f["total"]), f"{f['mb_s']:.0f}",
                    f"{f['produce_mb_s']:.0f}", f"{f['drain_mb_s']:.0f}", pct(f, "server_cpu"),
                    f"{f['server_ms_per_mb']:.2f}"]),
+    "startup": Shape(
+        "Start-up (an empty server: exec to every listener up, and to its first answer; "
+        "a restart is this plus recovery)",
+        ["system", "starts", "listening ms", "first answer ms", "server CPU ms"],
+        lambda systems: variants(systems, startup.SYSTEMS, {"": 0}),
+        startup_run, startup.figures, startup.row),
 }

@@ -48,10 +48,11 @@ EXPECTED = {
     "bodies": {f"{p}/{s} {size}" for p in ("mqks", "phpmq", "http")
                for s in ("memory", "log-interval") for size in ("64KiB", "1MiB")},
     "restart": {"mqks/sqlite", "mqks/log-interval", "redis-aof-everysec"},
+    "startup": {"mqks/memory", "mqks/sqlite", "mqks/log-interval", "redis-aof-everysec"},
 }
 #: figures from CPU ticks (a tiny quick round may show none) or RSS growth (pages)
 NOT_NEGATIVE = ("client_cpu", "server_cpu", "server_us", "server_ms_per_mb", "kb_per_queue",
-                "bytes_per")
+                "bytes_per", "server_cpu_ms")
 
 
 def installed(binary: str) -> bool:
@@ -88,6 +89,8 @@ def test_quick_bench_runs_every_workload_and_gets_every_message_back(tmp_path):
             assert r["received"] == r["count"], r
         elif r["workload"] == "restart":  # every message came back (or the round failed)
             assert r["recovery"] > 0 and r["rss"] > 0 and r["rss_before"] > 0, r
+        elif r["workload"] == "startup":
+            assert 0 < r["listening"] <= r["answer"], r
         else:
             assert r["workload"] == "memory" and r["rss"] > r["rss_before"] > 0, r
 
