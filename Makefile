@@ -10,10 +10,19 @@ PYTEST_ARGS ?=
 # Strict editable mode links every file into a tree twistd can scan for
 # plugins; the default (lenient) mode hides twisted/plugins from it.  Strict
 # mode does not see new files, hence the dependency on every source file.
+#
+# Then what a wheel install has and an editable one lacks, for twistd's
+# start-up (docs/performance.md, "Start-up"): bytecode of the linked sources
+# (pip compiles a wheel's at install; without it, under PYTHONDONTWRITEBYTECODE,
+# every start compiles mqserver again: about 0.1 s), and fresh twistd plugin
+# caches (with a stale dropin.cache the next start imports every plugin
+# module and writes the cache, if it can).  -P: not ./twisted/plugins.
 $(VENV)/.installed: $(SOURCES)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test,docs,analytics,postgres]' --config-settings editable_mode=strict
+	$(BIN)/python -m compileall -q mqserver build/__editable__.*
+	$(BIN)/python -P -c 'import twisted.plugins; from twisted.plugin import getCache; getCache(twisted.plugins)'
 	touch $@
 
 run: $(VENV)/.installed

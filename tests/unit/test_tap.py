@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python import usage
@@ -191,3 +195,55 @@ def test_bad_storage_options_are_usage_errors(args):
 def test_storage_options_parse():
     options = parse("--storage=log", "--fsync=interval:10", "--sqlite-sync=normal")
     assert (options["fsync"], options["sqlite-sync"]) == ("interval:10", "normal")
+
+
+#: what no configuration needs before ``makeService`` (twistd imports this
+#: module to parse the options, ``--help`` and ``--version`` included)
+NOT_FOR_OPTIONS = ("twisted.web", "prometheus_client", "sqlite_utils", "psycopg", "zmq",
+                   "mqserver.broker.core", "mqserver.storage.sqlite", "mqserver.protocols.mqks",
+                   "mqserver.web", "mqserver.journal.writer", "mqserver.analytics")
+#: what an MQKS-only server on memory without HTTP never imports
+NOT_FOR_MQKS_MEMORY = ("twisted.web", "prometheus_client", "sqlite_utils", "psycopg", "zmq",
+                       "mqserver.storage.sqlite", "mqserver.storage.log", "mqserver.web",
+                       "mqserver.protocols.phpmq", "mqserver.protocols.emqp", "mqserver.zmtp",
+                       "mqserver.journal.writer", "mqserver.analytics")
+IMPORTED = """
+import json, sys
+from twisted.internet.testing import MemoryReactorClock
+import twisted.plugins.mqserver_plugin
+from mqserver import tap
+options = tap.Options()
+options.parseOptions(sys.argv[1:])
+parsed = sorted(sys.modules)
+tap.makeService(options, reactor=MemoryReactorClock())
+print(json.dumps([parsed, sorted(sys.modules)]))
+"""
+
+
+def imported(tmp_path, *args: str) -> tuple[set[str], set[str]]:
+    """Modules a fresh interpreter holds after parsing ``args``, and after ``makeService``."""
+    run = subprocess.run([sys.executable, "-c", IMPORTED, "--no-gc-tuning",
+                          f"--data-dir={tmp_path / 'data'}", *args],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    parsed, made = json.loads(run.stdout.splitlines()[-1])
+    return set(parsed), set(made)
+
+
+def under(modules: set[str], packages: tuple[str, ...]) -> set[str]:
+    return {m for m in modules if any(m == p or m.startswith(p + ".") for p in packages)}
+
+
+def test_a_configuration_imports_only_what_it_needs(tmp_path):
+    parsed, made = imported(tmp_path, "--storage=memory", "--no-http",
+                            "--protocol=mqks:tcp:0:interface=127.0.0.1")
+    assert under(parsed, NOT_FOR_OPTIONS) == set()
+    assert under(made, NOT_FOR_MQKS_MEMORY) == set()
+    assert {"mqserver.broker.core", "mqserver.protocols.mqks.protocol"} <= made
+
+    # the same imports appear once a configuration asks for them
+    _, made = imported(tmp_path, "--storage=sqlite", "--http=tcp:0:interface=127.0.0.1",
+                       "--protocol=phpmq:tcp:0:interface=127.0.0.1")
+    assert {"sqlite_utils", "twisted.web.server", "prometheus_client",
+            "mqserver.protocols.phpmq.protocol"} <= made
+    assert under(made, ("mqserver.protocols.mqks", "mqserver.protocols.emqp", "zmq")) == set()
