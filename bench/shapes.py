@@ -220,8 +220,8 @@ SHAPES: dict[str, Shape] = {
                    f"{f['produce_mb_s']:.0f}", f"{f['drain_mb_s']:.0f}", pct(f, "server_cpu"),
                    f"{f['server_ms_per_mb']:.2f}"]),
     "startup": Shape(
-        "Start-up (an empty server: exec to every listener up, and to its first answer; "
-        "a restart is this plus recovery)",
+        "Start-up (an empty server restarted on its files: exec to every listener up, and "
+        "to its first answer; a restart with a backlog is this plus recovery)",
         ["system", "starts", "listening ms", "first answer ms", "server CPU ms"],
         lambda systems: variants(systems, startup.SYSTEMS, {"": 0}),
         startup_run, startup.figures, startup.row),
