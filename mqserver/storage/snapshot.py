@@ -309,6 +309,9 @@ class SectionReader:
         self.at = 0
         self.swap = swap  # the arrays are in the other byte order
 
+    def left(self) -> int:
+        return len(self.data) - self.at
+
     def take(self, size: int) -> bytes:
         end = self.at + size
         if size < 0 or end > len(self.data):
@@ -355,7 +358,7 @@ class SectionReader:
     def count(self) -> int:
         """A number of items that follow: each takes a byte at least."""
         n = self.u32()
-        if n > len(self.data) - self.at:
+        if n > self.left():
             raise SnapshotError(f"a count ({n}) larger than its section")
         return n
 
@@ -372,8 +375,40 @@ class SectionReader:
         return values
 
     def end(self) -> None:
-        if self.at != len(self.data):
-            raise SnapshotError(f"{len(self.data) - self.at} bytes left over in a section")
+        if self.left():
+            raise SnapshotError(f"{self.left()} bytes left over in a section")
+
+
+class _StreamedSection(SectionReader):
+    """A chunk's section read from the file as it is parsed, so each body is
+    copied once; its checksum is checked at its end (every length is still
+    checked against what is left of it first, so damage found only by the
+    checksum cannot make a read go astray)."""
+
+    def __init__(self, f: BinaryIO, length: int, crc: int, swap: bool) -> None:
+        super().__init__(b"", swap)
+        self.f = f
+        self.remaining = length
+        self.crc = 0
+        self.expected = crc
+
+    def left(self) -> int:
+        return self.remaining
+
+    def take(self, size: int) -> bytes:
+        if size < 0 or size > self.remaining:
+            raise SnapshotError(f"a length ({size}) runs past its section")
+        value = self.f.read(size)
+        if len(value) != size:
+            raise SnapshotError("truncated: a section is cut off")
+        self.remaining -= size
+        self.crc = zlib.crc32(value, self.crc)
+        return value
+
+    def end(self) -> None:
+        super().end()
+        if self.crc != self.expected:
+            raise SnapshotError("a section fails its checksum")
 
 
 def _read_values(data: SectionReader, count: int, decode: Any) -> Any:
@@ -473,7 +508,7 @@ class _File:
         self.left = left
         self.swap = flags != _FLAGS
 
-    def section(self) -> SectionReader:
+    def section(self, streamed: bool = False) -> SectionReader:
         head = self.f.read(_SECTION.size)
         if len(head) != _SECTION.size:
             raise SnapshotError("truncated: a section header is cut off")
@@ -481,6 +516,9 @@ class _File:
         self.left -= _SECTION.size
         if length > self.left:
             raise SnapshotError(f"truncated: a section of {length} bytes, {self.left} left")
+        if streamed:
+            self.left -= length
+            return _StreamedSection(self.f, length, crc, self.swap)
         payload = self.f.read(length)
         self.left -= length
         if len(payload) != length:
@@ -540,7 +578,7 @@ def _read_body(f: _File, sections: int, token: int,
         backlog = recovered.queues[name].messages
         assert isinstance(backlog, Backlog)
         for _ in range(chunks):
-            backlog.append_chunk(_read_chunk(f.section()))
+            backlog.append_chunk(_read_chunk(f.section(streamed=True)))
     if f.left:
         raise SnapshotError(f"{f.left} bytes after the last section")
     share_recovered_values(recovered.queues.values())
