@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import struct
 import time
 from dataclasses import asdict
 from importlib import resources
@@ -66,7 +65,7 @@ from mqserver.model import (
     RecoveredQueue,
 )
 from mqserver.packed import Backlog, Chunk, share_recovered_values
-from mqserver.storage import snapshot
+from mqserver.storage import snapshot, sqlite_snapshot
 from mqserver.storage.errors import StoreClosedError, StoreFormatError, StoreLockedError
 from mqserver.storage.worker import StoreThread
 
@@ -97,8 +96,6 @@ _DELETE = "DELETE FROM records WHERE namespace = ? AND key = ?"
 _NEXT_SEQ = "UPDATE meta SET value = MAX(value, ?) WHERE key = 'next_seq'"
 
 Statements = list[tuple[str, list[tuple[Any, ...]]]]
-# the files' size, mtime and inode and the WAL's size, kept in the snapshot
-_FINGERPRINT = struct.Struct("<QQQQ")
 
 
 def schema_script(name: str) -> str:
@@ -272,7 +269,7 @@ class SQLiteStore:
 
     def close_clean(self, state: Recovered) -> Deferred[bool]:
         """``ICleanShutdown``: close, then leave ``state`` as the snapshot the next
-        open starts from (see ``_close_clean_thd``)."""
+        open starts from (``sqlite_snapshot.save_thd``)."""
         self.is_open = False
 
         def logged(result: tuple[bool, str]) -> bool:
@@ -280,7 +277,11 @@ class SQLiteStore:
             (log.info if saved else log.error)("{text}", text=text)
             return saved
 
-        return self._thread.stop_after(lambda: self._close_clean_thd(state)).addCallback(logged)
+        def save() -> tuple[bool, str]:
+            return sqlite_snapshot.save_thd(self._connection(), self._close_thd, self.path,
+                                            self.snapshot_path, state)
+
+        return self._thread.stop_after(save).addCallback(logged)
 
     def run_thd(self, function: Any, *args: Any) -> Deferred[Any]:
         """Run ``function(connection, *args)`` in the store thread (tests, maintenance)."""
@@ -296,7 +297,7 @@ class SQLiteStore:
     def _open_thd(self) -> tuple[Recovered, list[str]]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # before the connection touches anything: what the snapshot must match
-        files = self._fingerprint()
+        files = sqlite_snapshot.fingerprint(self.path)
         # isolation_level=None: transactions are exactly the BEGIN/COMMIT we
         # issue, never ones the sqlite3 module opens or commits behind us.
         conn = sqlite3.connect(str(self.path), timeout=0.5, isolation_level=None)
@@ -318,7 +319,8 @@ class SQLiteStore:
             conn.execute(f"PRAGMA synchronous={SYNC_MODES[self.sync]}")
             upgraded = self._upgrade_thd(db)
             notes = [upgraded] if upgraded else []
-            recovered = self._snapshot_thd(conn, files, notes)
+            recovered = sqlite_snapshot.take_thd(conn, self.snapshot_path, files, notes)
+            self.from_snapshot = recovered is not None
             if recovered is None:
                 recovered = self._load_thd(db)
         except BaseException:
@@ -326,56 +328,6 @@ class SQLiteStore:
             raise
         self._db = db
         return recovered, notes
-
-    def _fingerprint(self) -> bytes:
-        """The database file's size, mtime and inode, and its WAL's size: any write
-        after a clean close (by any release, or a hand edit) changes them."""
-        wal = self.path.with_name(self.path.name + "-wal")
-        try:
-            stat = self.path.stat()
-        except FileNotFoundError:
-            return b""
-        wal_size = wal.stat().st_size if wal.exists() else 0
-        return _FINGERPRINT.pack(stat.st_size, stat.st_mtime_ns, stat.st_ino, wal_size)
-
-    def _snapshot_thd(self, conn: sqlite3.Connection, files: bytes,
-                      notes: list[str]) -> Recovered | None:
-        """The state the clean-shutdown snapshot holds, if the database is as the
-        clean close left it (its mark, and the files' fingerprint); None: replay.
-
-        The mark is deleted and committed, and the file removed, before the
-        open fires: a crash from then on replays.
-        """
-        self.from_snapshot = False
-        row = conn.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
-        if row is not None:
-            conn.execute("BEGIN IMMEDIATE")
-            conn.execute("DELETE FROM meta WHERE key = 'snapshot'")
-            conn.execute("COMMIT")
-        if not self.snapshot_path.exists() and row is None:
-            return None
-        started = time.perf_counter()
-        recovered = None
-        try:
-            if row is None:
-                raise snapshot.SnapshotError("stale: the database holds no mark of it")
-            def unchanged(section: snapshot.SectionReader) -> None:
-                if section.data != files:
-                    raise snapshot.SnapshotError("stale: the database files changed since")
-
-            recovered = snapshot.read(self.snapshot_path, row[0], unchanged).recovered
-            notes.append(f"clean-shutdown snapshot {self.snapshot_path} used: "
-                         f"{len(recovered.queues)} queues, {snapshot.message_count(recovered)} "
-                         f"messages read in {time.perf_counter() - started:.3f} s (no replay)")
-            self.from_snapshot = True
-        except (snapshot.SnapshotError, OSError) as e:
-            notes.append(f"clean-shutdown snapshot {self.snapshot_path} not used ({e}); "
-                         "replaying the database")
-        try:
-            snapshot.discard(self.snapshot_path)
-        except OSError as e:  # the mark is gone: the file can never be used
-            notes.append(f"clean-shutdown snapshot {self.snapshot_path} not removed ({e})")
-        return recovered
 
     def _upgrade_thd(self, db: Database) -> str | None:
         """Bring the schema to SCHEMA_VERSION; returns what it did, for the reactor to log."""
@@ -481,25 +433,3 @@ class SQLiteStore:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()
-
-    def _close_clean_thd(self, state: Recovered) -> tuple[bool, str]:
-        """Mark the database in its last transaction, close it, then write the
-        snapshot with the mark and the closed files' fingerprint.
-
-        A crash before the snapshot's rename leaves a mark and no snapshot (or
-        none that matches): the next open replays.  Returns (saved, log line).
-        """
-        conn = self._connection()
-        token = snapshot.new_token()
-        started = time.perf_counter()
-        conn.execute("BEGIN")
-        conn.execute("INSERT OR REPLACE INTO meta (key, value) VALUES ('snapshot', ?)", (token,))
-        conn.execute("COMMIT")
-        self._close_thd()
-        try:
-            size = snapshot.write(self.snapshot_path, state, token, self._fingerprint())
-        except Exception as e:  # the next open replays; the stop goes on
-            return False, f"clean-shutdown snapshot {self.snapshot_path} not written ({e})"
-        return True, (f"clean-shutdown snapshot {self.snapshot_path} written: "
-                      f"{snapshot.message_count(state)} messages, {size} bytes, "
-                      f"in {time.perf_counter() - started:.3f} s with the database's close")
