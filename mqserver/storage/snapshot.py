@@ -25,9 +25,9 @@ the byte order the header names)::
         3. each queue's chunks in seq order, one section each.
 
 Reading checks the header, each section's length against what is left of
-the file, its checksum (before parsing it; a chunk's, which is parsed as it
-is read so each body is copied once, at its end), and every count and
-length inside against the section (``snapshot_sections``): a truncated,
+the file, its checksum (at its end: a section is parsed as it is read, so
+each body is copied once), and every count and length inside against what
+is left of the section (``snapshot_sections``): a truncated,
 corrupt or foreign file raises ``SnapshotError`` (the store then replays),
 and nothing allocates more than the file holds.
 """
@@ -111,7 +111,7 @@ def _sections(recovered: Recovered, chunks: dict[bytes, list[Chunk]],
             yield chunk_section(chunk)
 
 
-def _write_section(f: BinaryIO, parts: list[bytes]) -> int:
+def _write_section(f: BinaryIO, parts: list[bytes | memoryview]) -> int:
     crc = length = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
@@ -150,7 +150,9 @@ class _File:
         self.left = left
         self.swap = flags != _FLAGS
 
-    def section(self, streamed: bool = False) -> SectionReader:
+    def section(self) -> SectionReader:
+        """The next section, read as it is parsed (each value copied once); its
+        checksum is checked by its reader's ``end``."""
         head = self.f.read(_SECTION.size)
         if len(head) != _SECTION.size:
             raise SnapshotError("truncated: a section header is cut off")
@@ -158,16 +160,8 @@ class _File:
         self.left -= _SECTION.size
         if length > self.left:
             raise SnapshotError(f"truncated: a section of {length} bytes, {self.left} left")
-        if streamed:
-            self.left -= length
-            return StreamedSection(self.f, length, crc, self.swap)
-        payload = self.f.read(length)
         self.left -= length
-        if len(payload) != length:
-            raise SnapshotError("truncated: a section is cut off")
-        if zlib.crc32(payload) != crc:
-            raise SnapshotError("a section fails its checksum")
-        return SectionReader(payload, self.swap)
+        return StreamedSection(self.f, length, crc, self.swap)
 
 
 def read_header(f: BinaryIO) -> tuple[int, int, int, int]:
@@ -212,7 +206,8 @@ def read(path: Path, token: int | None = None,
 def _read_body(f: _File, sections: int, token: int,
                accept: Callable[[SectionReader], Any] | None) -> Snapshot:
     section = f.section()
-    extra = section.data if accept is None else accept(section)
+    extra = section.rest() if accept is None else accept(section)
+    section.end()
     recovered, layout = read_state(f.section())
     if sum(chunks for _, chunks in layout) != sections - 2:
         raise SnapshotError("the header and the state disagree on the number of sections")
@@ -220,7 +215,7 @@ def _read_body(f: _File, sections: int, token: int,
         backlog = recovered.queues[name].messages
         assert isinstance(backlog, Backlog)
         for _ in range(chunks):
-            backlog.append_chunk(read_chunk(f.section(streamed=True)))
+            backlog.append_chunk(read_chunk(f.section()))
     if f.left:
         raise SnapshotError(f"{f.left} bytes after the last section")
     share_recovered_values(recovered.queues.values())

@@ -44,7 +44,7 @@ class SectionWriter:
     """One section's payload as parts (bodies are written as they are, never copied)."""
 
     def __init__(self) -> None:
-        self.parts: list[bytes] = []
+        self.parts: list[bytes | memoryview] = []
 
     def u8(self, value: int) -> None:
         self.parts.append(_U8.pack(value))
@@ -61,7 +61,7 @@ class SectionWriter:
     def f64(self, value: float) -> None:
         self.parts.append(_F64.pack(value))
 
-    def blob(self, value: bytes | None) -> None:
+    def blob(self, value: bytes | memoryview | None) -> None:
         if value is None:
             self.u64(_NONE_LENGTH)
         else:
@@ -78,7 +78,7 @@ class SectionWriter:
 
     def array(self, values: array[Any]) -> None:
         self.parts.append(values.typecode.encode("ascii"))
-        self.blob(values.tobytes())
+        self.blob(memoryview(values).cast("B"))  # its bytes as they are, not a copy
 
 
 def state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> SectionWriter:
@@ -209,6 +209,10 @@ class SectionReader:
     def left(self) -> int:
         return len(self.data) - self.at
 
+    def rest(self) -> bytes:
+        """What is left of the section, as it is (a store's own section)."""
+        return self.take(self.left())
+
     def take(self, size: int) -> bytes:
         end = self.at + size
         if size < 0 or end > len(self.data):
@@ -277,10 +281,10 @@ class SectionReader:
 
 
 class StreamedSection(SectionReader):
-    """A chunk's section read from the file as it is parsed, so each body is
-    copied once; its checksum is checked at its end (every length is still
-    checked against what is left of it first, so damage found only by the
-    checksum cannot make a read go astray)."""
+    """A section read from the file as it is parsed, so each body is copied
+    once; its checksum is checked at its end (every length is still checked
+    against what is left of it first, so damage found only by the checksum
+    cannot make a read go astray)."""
 
     def __init__(self, f: BinaryIO, length: int, crc: int, swap: bool) -> None:
         super().__init__(b"", swap)

@@ -58,7 +58,7 @@ def take_thd(conn: sqlite3.Connection, path: Path, files: bytes,
     recovered = None
 
     def unchanged(section: snapshot.SectionReader) -> None:
-        if section.data != files:
+        if section.rest() != files:
             raise snapshot.SnapshotError("stale: the database files changed since")
 
     try:
