@@ -16,7 +16,7 @@ from typing import Any
 
 from mqserver.broker.ready import PackedReady
 from mqserver.model import Message, Recovered, RecoveredQueue
-from mqserver.packed import Backlog
+from mqserver.packed import Backlog, Chunk
 
 
 def durable_state(broker: Any) -> Recovered:
@@ -37,6 +37,8 @@ def durable_state(broker: Any) -> Recovered:
 
 
 def _backlog(ready: deque[Message] | PackedReady, in_flight: list[Message]) -> Backlog:
+    """The queue's messages as chunks alone: packed here, on the reactor thread, so
+    the store's thread reads nothing the broker could still change."""
     backlog = Backlog()
     if in_flight:  # rare at a stop: connections are closed first, which requeues them
         backlog.extend(sorted([*ready, *in_flight], key=_seq))
@@ -47,6 +49,9 @@ def _backlog(ready: deque[Message] | PackedReady, in_flight: list[Message]) -> B
         backlog.extend(ready.tail)
     else:
         backlog.extend(ready)
+    if backlog.tail:
+        tail, backlog.tail = backlog.tail, []
+        backlog.append_chunk(Chunk(tail))
     return backlog
 
 

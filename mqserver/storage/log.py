@@ -187,14 +187,16 @@ class LogStore(Compaction):
     def close_clean(self, state: Recovered) -> Any:
         """``ICleanShutdown``: write the snapshot (``log_snapshot.save_thd``), then close.
 
-        Not after a failed write: the files may not hold what ``state`` says.
+        Not after a failed write (the files may not hold what ``state`` says)
+        nor a failed compaction (the index may not match the files; a replay
+        rebuilds it).
         """
         if not self._thread.running:
             return False
         yield self._quiesce()
         saved = False
         try:
-            if self._failure is None:
+            if self._failure is None and not self._compaction_failed:
                 saved, text = yield self._thread.run(
                     log_snapshot.save_thd, self._files, self.snapshot_path, state,
                     self._next_seq, self._index)

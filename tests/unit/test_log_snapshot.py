@@ -12,7 +12,7 @@ import pytest
 import pytest_twisted
 from twisted.logger import formatEvent, globalLogPublisher
 
-from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions
+from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions, Recovered
 from mqserver.storage import log_index
 from mqserver.storage.log import LogStore
 from mqserver.testing import message
@@ -104,3 +104,13 @@ def test_a_segment_changed_after_the_clean_close_makes_it_stale(tmp_path, logged
             [m.seq for m in recovered.queues[b"q"].messages]
     finally:
         yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_no_snapshot_after_a_failed_compaction(tmp_path):
+    """Its index may not match the files: the next start replays, which rebuilds it."""
+    store, _ = yield open_store(tmp_path)
+    yield store.apply(ops()[0])
+    store._compaction_failed = True
+    assert not (yield store.close_clean(Recovered()))
+    assert not store.snapshot_path.exists()

@@ -37,3 +37,11 @@ def test_in_flight_messages_stand_at_their_seqs_place(broker, clock):
     state = durable_state(broker)
     assert [m.id for m in state.queues[b"q"].messages] == [b"m%d" % n for n in range(6)]
     assert recovered_state(state) == broker_state(broker)
+
+
+def test_only_chunks_go_to_the_store_thread(broker):
+    """Every message is packed on the reactor thread: the store reads no live object."""
+    for n in range(5):
+        broker.publish_to_queue(b"q", b"m%d" % n, b"b")
+    backlog = durable_state(broker).queues[b"q"].messages
+    assert not backlog.tail and [chunk.count for chunk in backlog.chunks] == [5]

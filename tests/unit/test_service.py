@@ -9,7 +9,12 @@ from zope.interface import implementer
 
 from mqserver.broker.core import Broker
 from mqserver.broker.service import BrokerService
-from mqserver.interfaces import IClientConnection, IDeliverySink, IFlowControlled
+from mqserver.interfaces import (
+    ICleanShutdown,
+    IClientConnection,
+    IDeliverySink,
+    IFlowControlled,
+)
 from mqserver.storage.memory import MemoryStore
 
 
@@ -247,3 +252,47 @@ def test_listeners_also_wait_for_listen_after():
     assert log == ["open called", "store open"] and not service.ready.called
     service.listen_after.callback(None)
     assert log[-1] == "child started" and service.ready.called
+
+
+@implementer(ICleanShutdown)
+class CleanStore(DurableStore):
+    """A durable store that keeps a snapshot at a clean close (``ICleanShutdown``)."""
+
+    from_snapshot = False
+    snapshot_path = None
+
+    def close_clean(self, state):
+        self.log.append("store closed with a snapshot")
+        self.state = state
+        return MemoryStore.close(self).addCallback(lambda _: True)
+
+
+def _stop_with_one_message(outcome: str) -> tuple[list[str], CleanStore]:
+    log: list[str] = []
+    reactor = MemoryReactorClock()
+    store = CleanStore(log)
+    broker = Broker(store, reactor)
+    service = BrokerService(broker)
+    service.startService()
+    broker.publish_to_queue(b"q", b"m1", b"body")
+    reactor.advance(0)
+    stopped = service.stopService()
+    if outcome == "stored":
+        store.pending[0].callback(None)
+    else:
+        store.pending[0].errback(OSError(28, "No space left on device"))
+        reactor.advance(0.5)
+        store.pending[1].errback(OSError(28, "No space left on device"))
+    assert stopped.called
+    return log, store
+
+
+def test_a_stop_with_everything_stored_leaves_a_snapshot_of_the_state():
+    log, store = _stop_with_one_message("stored")
+    assert log == ["store closed with a snapshot"]
+    assert [m.id for m in store.state.queues[b"q"].messages] == [b"m1"]
+
+
+def test_a_stop_with_storage_failing_leaves_no_snapshot():
+    log, _ = _stop_with_one_message("failing")
+    assert log == ["store closed"]
