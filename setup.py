@@ -49,6 +49,7 @@ setup(
         # [tls]: pyOpenSSL and service_identity, for ssl: listener endpoints
         "Twisted[tls]>=24.7",
         "zope.interface>=6",
+        "sqlite-utils>=3.36",
         "treq>=23.11",
         "prometheus_client>=0.17",
         "croniter>=2",

@@ -21,11 +21,11 @@ Design, and why:
   ``schema/sqlite-vN-to-vM.sql`` steps upgrade one version each, in one
   transaction.  A new file runs the same steps, so a fresh database and an
   upgraded one cannot drift apart.
-- **The stdlib ``sqlite3`` alone**: the schema scripts, the table check,
-  WAL and the reads at open are a statement each.  sqlite-utils did them
-  until its import (about 45 ms of a 430 ms start, docs/performance.md)
-  outweighed them; the per-batch writes never used it (its ``insert_all``
-  re-inspects the table on every call).
+- **sqlite-utils** runs the schema scripts, inspects tables, sets WAL and
+  reads state back.  The per-batch writes call ``executemany`` on its
+  connection directly: sqlite-utils' ``insert_all`` re-inspects the table on
+  every call and, in older releases, commits on its own, which would split a
+  batch into several transactions.
 
 ``--sqlite-sync``: ``full`` (the default) fsyncs the WAL at every commit, so
 what a confirm acknowledged survives a power cut.  ``normal`` fsyncs only at
@@ -43,6 +43,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from sqlite_utils import Database
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -199,13 +200,6 @@ def _message(row: tuple[Any, ...]) -> Message:
                    created, expires, retry, source)
 
 
-def _rows(db: sqlite3.Connection, table: str) -> sqlite3.Cursor:
-    """Every row of ``table`` (one of ours), each readable by column name."""
-    cursor = db.cursor()
-    cursor.row_factory = sqlite3.Row
-    return cursor.execute(f"SELECT * FROM {table}")
-
-
 @implementer(IMessageStore, ICleanShutdown)
 class SQLiteStore:
     """``IMessageStore`` on one SQLite file; see the module docstring."""
@@ -222,7 +216,7 @@ class SQLiteStore:
         self.path = Path(path)
         self.sync = sync
         self._thread = StoreThread(reactor, "mqserver-sqlite")
-        self._db: sqlite3.Connection | None = None  # used in the store thread only
+        self._db: Database | None = None  # used in the store thread only
         self.is_open = False
         self.transactions = 0  # committed apply batches, for tests and stats
         # COMMIT time (the WAL fsync with synchronous=FULL), for /metrics
@@ -298,7 +292,7 @@ class SQLiteStore:
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
             raise StoreClosedError("SQLite store is not open")
-        return self._db
+        return self._db.conn
 
     def _open_thd(self) -> tuple[Recovered, list[str]]:
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -308,9 +302,12 @@ class SQLiteStore:
         # issue, never ones the sqlite3 module opens or commits behind us.
         conn = sqlite3.connect(str(self.path), timeout=0.5, isolation_level=None)
         try:
+            # no sqlite-utils plugins on the broker's connection: looking for
+            # them reads every installed package's entry points (~20 ms a start)
+            db = Database(conn, execute_plugins=False)
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             try:
-                conn.execute("PRAGMA journal_mode=WAL")
+                db.enable_wal()
                 conn.execute("BEGIN EXCLUSIVE")
                 conn.execute("COMMIT")
             except sqlite3.OperationalError as e:
@@ -320,22 +317,21 @@ class SQLiteStore:
                     ) from e
                 raise
             conn.execute(f"PRAGMA synchronous={SYNC_MODES[self.sync]}")
-            upgraded = self._upgrade_thd(conn)
+            upgraded = self._upgrade_thd(db)
             notes = [upgraded] if upgraded else []
             recovered = sqlite_snapshot.take_thd(conn, self.snapshot_path, files, notes)
             self.from_snapshot = recovered is not None
             if recovered is None:
-                recovered = self._load_thd(conn)
+                recovered = self._load_thd(db)
         except BaseException:
             conn.close()
             raise
-        self._db = conn
+        self._db = db
         return recovered, notes
 
-    def _upgrade_thd(self, db: sqlite3.Connection) -> str | None:
+    def _upgrade_thd(self, db: Database) -> str | None:
         """Bring the schema to SCHEMA_VERSION; returns what it did, for the reactor to log."""
-        tables = {name for (name,) in db.execute(
-            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        tables = set(db.table_names())
         if "schema_version" in tables:
             version = db.execute("SELECT version FROM schema_version").fetchone()[0]
         elif tables:
@@ -354,15 +350,15 @@ class SQLiteStore:
         try:
             db.executescript("BEGIN IMMEDIATE;\n" + script + "\nCOMMIT;")
         except BaseException:
-            if db.in_transaction:
-                db.execute("ROLLBACK")
+            if db.conn.in_transaction:
+                db.conn.execute("ROLLBACK")
             raise
         if version == 0:
             return f"SQLite database {self.path} created at schema version {SCHEMA_VERSION}"
         return (f"SQLite schema of {self.path} upgraded from version {version} to "
                 f"{SCHEMA_VERSION} ({', '.join(steps)})")
 
-    def _load_thd(self, db: sqlite3.Connection) -> Recovered:
+    def _load_thd(self, db: Database) -> Recovered:
         recovered = Recovered()
         queues = recovered.queues
 
@@ -375,11 +371,11 @@ class SQLiteStore:
             return rq
 
         fields = list(asdict(QueueOptions()))
-        for row in _rows(db, "queues"):
+        for row in db["queues"].rows:
             options = {f: row[f] for f in fields}
             options["delete_when_unused_bare"] = bool(options["delete_when_unused_bare"])
             queue(row["name"]).options = QueueOptions(**options)
-        for row in _rows(db, "bindings"):
+        for row in db["bindings"].rows:
             queue(row["queue"]).bindings.add(row["event"])
         next_seq = 1
         # in seq order, the table's own (a scan, where ORDER BY queue, seq

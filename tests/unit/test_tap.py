@@ -244,6 +244,6 @@ def test_a_configuration_imports_only_what_it_needs(tmp_path):
     # the same imports appear once a configuration asks for them
     _, made = imported(tmp_path, "--storage=sqlite", "--http=tcp:0:interface=127.0.0.1",
                        "--protocol=phpmq:tcp:0:interface=127.0.0.1")
-    assert {"mqserver.storage.sqlite", "twisted.web.server", "prometheus_client",
+    assert {"sqlite_utils", "twisted.web.server", "prometheus_client",
             "mqserver.protocols.phpmq.protocol"} <= made
     assert under(made, ("mqserver.protocols.mqks", "mqserver.protocols.emqp", "zmq")) == set()
