@@ -29,7 +29,6 @@ could stay in alarm forever.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 import weakref
 from collections.abc import Callable
@@ -115,9 +114,10 @@ def watermark_bytes(value: float, ram: int | None = None) -> int | None:
 
 
 def _malloc_trim() -> Callable[[], Any] | None:
-    name = ctypes.util.find_library("c")
+    # the process's own symbols, libc's among them: ``find_library`` would run
+    # ldconfig in a subprocess at every start
     try:
-        libc = ctypes.CDLL(name) if name else None
+        libc = ctypes.CDLL(None)
     except OSError:
         return None
     trim = getattr(libc, "malloc_trim", None)
