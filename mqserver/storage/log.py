@@ -64,6 +64,11 @@ def parse_fsync(value: str) -> tuple[str, float]:
     raise ValueError(f"--fsync must be always, never or interval:MS (MS > 0), not {value!r}")
 
 
+def _log_warning(text: str | None) -> None:
+    if text:
+        log.warn("{text}", text=text)
+
+
 @implementer(IMessageStore, ICleanShutdown)
 class LogStore(Compaction):
     """``IMessageStore`` on segment files; see the module docstring."""
@@ -133,9 +138,9 @@ class LogStore(Compaction):
                 result = recover_thd(self._files)
                 result.notes[:0] = notes
             active = max(result.segments, default=0) + 1
-            # the new segment also makes the snapshot stale, before open fires
+            # the new segment makes the snapshot stale, before open fires (the
+            # file is removed after: ``snapshot.discard_after_open``)
             self._files.start_segment_thd(active, result.next_seq)
-            log_snapshot.discard_thd(self.snapshot_path, result.notes)
         except BaseException:
             self._files.close_thd()
             raise
@@ -152,6 +157,8 @@ class LogStore(Compaction):
         self._active = max(result.segments)
         self._next_seq = result.next_seq
         self.is_open = True
+        self._thread.run(snapshot.discard_after_open, self.snapshot_path).addCallback(
+            _log_warning)
         if self.policy == "interval":
             self._ticker.start(self.interval, now=False)
         log.info("log {dir}: {n} segments, {total} bytes, {live} live; fsync={policy}",

@@ -163,14 +163,5 @@ def recover_thd(files: SegmentFiles, path: Path,
                 f"{time.perf_counter() - started:.3f} s (no replay)")])
 
 
-def discard_thd(path: Path, notes: list[tuple[str, str]]) -> None:
-    """Remove the snapshot once the new segment made it stale (tidiness: it can
-    no longer match)."""
-    try:
-        snapshot.discard(path)
-    except OSError as e:
-        notes.append(("warn", f"clean-shutdown snapshot {path} not removed ({e})"))
-
-
-__all__ = ["Segments", "decode", "discard_thd", "encode", "recover_thd", "save_thd",
+__all__ = ["Segments", "decode", "encode", "recover_thd", "save_thd",
            "segments_thd"]

@@ -141,6 +141,21 @@ def discard(path: Path) -> bool:
     return found
 
 
+def discard_after_open(path: Path) -> str | None:
+    """``discard``, as a store runs it in its thread once its open fired: None, or
+    why the file stays (a line to log).
+
+    Not before: unlinking 100 MB takes tens of milliseconds, and the store's
+    open has made the snapshot unusable already (the mark cleared, the files
+    changed); the file is only tidied away.
+    """
+    try:
+        discard(path)
+    except OSError as e:
+        return f"clean-shutdown snapshot {path} not removed ({e}); it is never used again"
+    return None
+
+
 
 class _File:
     """Sections of an open snapshot, each checked before it is parsed."""
@@ -232,4 +247,4 @@ def message_count(recovered: Recovered) -> int:
 
 
 __all__ = ["FILENAME", "SectionReader", "SectionWriter", "Snapshot", "SnapshotError", "chunks_of",
-           "discard", "message_count", "new_token", "read", "write"]
+           "discard", "discard_after_open", "message_count", "new_token", "read", "write"]

@@ -200,6 +200,11 @@ def _message(row: tuple[Any, ...]) -> Message:
                    created, expires, retry, source)
 
 
+def _log_warning(text: str | None) -> None:
+    if text:
+        log.warn("{text}", text=text)
+
+
 @implementer(IMessageStore, ICleanShutdown)
 class SQLiteStore:
     """``IMessageStore`` on one SQLite file; see the module docstring."""
@@ -236,6 +241,8 @@ class SQLiteStore:
             for text in notes:
                 log.info("{text}", text=text)
             self.is_open = True
+            self._thread.run(snapshot.discard_after_open, self.snapshot_path).addCallback(
+                _log_warning)
             return recovered
 
         return self._thread.start_with(self._open_thd).addCallback(opened)

@@ -12,9 +12,9 @@ open replays.
 **The check.**  The snapshot stands for the database only if its token is
 the mark and the files are unchanged: a write by an older release (which
 keeps the mark, not knowing it) or by hand changes the fingerprint.  The mark
-is deleted and committed at every open, before it fires, and the file is
-removed: a crash after that start replays, and the snapshot is never used
-twice.
+is deleted and committed at every open, before it fires (the file is
+removed after): a crash after that start replays, and the snapshot is never
+used twice.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ def take_thd(conn: sqlite3.Connection, path: Path, files: bytes,
              notes: list[str]) -> Recovered | None:
     """The state the snapshot at ``path`` holds if the database (whose fingerprint
     was ``files`` before it was opened) is as the clean close left it; None:
-    replay.  The mark is gone and the file removed when this returns."""
+    replay.  The mark is gone when this returns (the store removes the file once
+    its open fired: ``snapshot.discard_after_open``)."""
     row = conn.execute("SELECT value FROM meta WHERE key = 'snapshot'").fetchone()
     if row is not None:
         conn.execute("BEGIN IMMEDIATE")
@@ -70,10 +71,6 @@ def take_thd(conn: sqlite3.Connection, path: Path, files: bytes,
                      f"{time.perf_counter() - started:.3f} s (no replay)")
     except (snapshot.SnapshotError, OSError) as e:
         notes.append(f"clean-shutdown snapshot {path} not used ({e}); replaying the database")
-    try:
-        snapshot.discard(path)
-    except OSError as e:  # the mark is gone: the file can never be used
-        notes.append(f"clean-shutdown snapshot {path} not removed ({e})")
     return recovered
 
 

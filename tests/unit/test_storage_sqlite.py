@@ -225,12 +225,12 @@ def test_a_clean_close_is_started_from_once(tmp_path: Path) -> Any:
     yield closed_clean(path)
     store = SQLiteStore(path)
     recovered = yield store.open()
-    assert store.from_snapshot and not store.snapshot_path.exists()
-    # the mark went in the same open: a crash now replays
+    # the mark went before the open fired: a crash from now on replays
+    marks = yield store.run_thd(
+        lambda conn: conn.execute("SELECT * FROM meta WHERE key = 'snapshot'").fetchall())
+    assert store.from_snapshot and marks == []
     yield store.close()
-    with sqlite3.connect(path) as conn:
-        assert conn.execute("SELECT * FROM meta WHERE key = 'snapshot'").fetchall() == []
-    conn.close()
+    assert not store.snapshot_path.exists()
     store = SQLiteStore(path)
     again = yield store.open()
     yield store.close()
