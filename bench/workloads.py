@@ -192,15 +192,17 @@ def memory(make: ClientFactory, server: Server, queue: str, count: int,
     return result
 
 
-def settled_rss(server: Server, step: float = 1.0, most: float = 15.0) -> int:
-    """RSS once it no longer falls by more than 1 MB a ``step`` (at most ``most`` seconds)."""
+def settled_rss(server: Server, step: float = 1.0, still: int = 5, most: float = 40.0) -> int:
+    r"""RSS once it has not fallen by more than 1 MB for ``still`` ``step``\ s in a row
+    (at most ``most`` seconds): long enough for two looks of mqserver's
+    ``--pack-at-rest`` (1 s apart) and the packing after them."""
     rss = server.rss_bytes()
+    steady = 0
     deadline = time.perf_counter() + most
-    while time.perf_counter() < deadline:
+    while steady < still and time.perf_counter() < deadline:
         time.sleep(step)
         now = server.rss_bytes()
-        if now > rss - 1_000_000:
-            return min(now, rss)
+        steady = steady + 1 if now > rss - 1_000_000 else 0
         rss = now
     return rss
 

@@ -27,7 +27,8 @@ from mqserver.model import Message, RecoveredQueue
 # enough that unpacking one costs well under a millisecond
 CHUNK = 1024
 
-_NONE = math.nan  # expires_at None in the float array
+_NONE = math.nan  # expires_at None in the float64s
+_EXACT = 1 << 53  # ints below it are exact as floats
 _BYTES_ONLY = {bytes}
 def _shared(values: list[Any]) -> Any:
     """One value if every message holds an equal one (bytes, str or None), else the list.
@@ -58,52 +59,72 @@ def _column(column: Any, count: int) -> Iterable[Any]:
     return column if type(column) is list else repeat(column, count)
 
 
-Joined = tuple[bytes, "array[int] | int"] | list[bytes]
-
-
-def _joined(values: list[bytes]) -> Joined:
-    """Byte strings as one ``bytes`` plus end offsets (or their one length, when all
-    are as long: 4 bytes a message less), or the list if any is not ``bytes``."""
+def _joined(values: list[bytes]) -> tuple[Any, Any]:
+    """Byte strings as one ``bytes`` and their ends: their one length when all are
+    as long and it is a cached small int (4 bytes a message less), else the end
+    offsets as the bytes of an array; the list itself and None if any is not
+    ``bytes``."""
     if set(map(type, values)) != _BYTES_ONLY:
-        return values
+        return values, None
     data = b"".join(values)
     lengths = list(map(len, values))
     width = lengths[0]
-    if width and lengths.count(width) == len(lengths):
+    if 0 < width <= _SMALL_INT and lengths.count(width) == len(lengths):
         return data, width
-    return data, array("I" if len(data) < 1 << 32 else "Q", accumulate(lengths))
+    return data, array(_ends_code(data), accumulate(lengths)).tobytes()
 
 
-def _split(column: Joined) -> list[bytes]:
-    if type(column) is list:
-        return column
-    data, ends = column
+def _ends_code(data: bytes) -> str:
+    return "I" if len(data) < 1 << 32 else "Q"
+
+
+def _split(data: Any, ends: Any) -> list[bytes]:
+    if ends is None:
+        return data
     if type(ends) is int:
         return [data[start:start + ends] for start in range(0, len(data), ends)]
-    return [data[start:end] for start, end in pairwise([0, *ends])]
+    return [data[start:end] for start, end
+            in pairwise([0, *memoryview(ends).cast(_ends_code(data))])]
 
 
-def _one(column: Joined, i: int) -> bytes:
-    if type(column) is list:
-        return column[i]
-    data, ends = column
+def _one(data: Any, ends: Any, i: int) -> bytes:
+    if ends is None:
+        return data[i]
     if type(ends) is int:
         return data[i * ends:(i + 1) * ends]
-    return data[ends[i - 1] if i else 0:ends[i]]
+    offsets = memoryview(ends).cast(_ends_code(data))
+    return data[offsets[i - 1] if i else 0:offsets[i]]
+
+
+def _numbers(code: str, values: Iterable[float | int]) -> bytes:
+    return array(code, values).tobytes()
+
+
+# A chunk holds no small object of its own (512 bytes or less, pymalloc's):
+# one made when it is packed, long-lived among a publish burst's short-lived
+# objects, lands in a hole of some pymalloc pool and keeps that pool's arena
+# (1 MiB) from going back once the messages around it go; a few per chunk
+# pinned most of a packed backlog's arenas.  So its numbers are ``bytes``
+# (malloc's, past 512 bytes), ``count`` and the first seq and expiry are
+# read from them, and the chunk itself is padded past 512 bytes.
+_SMALL_INT = 256  # ints up to this are shared objects in CPython
+_PAD = tuple(f"_pad{n}" for n in range(52))
 
 
 class Chunk:
     """Up to a few thousand consecutive ready messages as columns.
 
-    ``seqs`` is an array of the first seq alone when consecutive (a burst
-    into one queue), else of every seq (``seq_column`` reads both);
-    ``expires`` is None when no message has a TTL, else floats with NaN for
-    "none"; ``retries`` is one int when all are equal (normally 0).
-    ``first_expiry`` lets the TTL sweep skip a chunk without unpacking it.
+    ``numbers`` holds, as float64 bytes, every message's ``created_at``,
+    then the first seq (when ``seqs`` is None: consecutive, a burst into one
+    queue; exact below 2**53) and the first expiry (infinity when none:
+    the TTL sweep skips a chunk without unpacking it); ``seqs`` otherwise
+    holds every seq as int64 bytes.  ``expires`` is None when no message
+    has a TTL, else float64 bytes with NaN for "none"; ``retries`` is one
+    int when all are equal (normally 0), else int64 bytes.
     """
 
-    __slots__ = ("bodies", "count", "created", "events", "expires", "first_expiry",
-                 "headers", "ids", "queues", "retries", "seqs", "sources")
+    __slots__ = ("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
+                 "numbers", "queues", "retries", "seqs", "sources", *_PAD)
 
     def __init__(self, messages: list[Message]) -> None:
         # one comprehension per field: the attribute reads are specialized,
@@ -128,63 +149,83 @@ class Chunk:
     def _fill(self, ids: list[bytes], queues: list[bytes], bodies: list[bytes], seqs: list[int],
               events: list[Any], headers: list[Any], created: list[float],
               expires: list[float | None], retries: list[int], sources: list[Any]) -> None:
-        count = self.count = len(ids)
-        self.ids = _joined(ids)
-        self.bodies = _joined(bodies)
+        count = len(ids)
+        self.ids, self.id_ends = _joined(ids)
+        self.bodies, self.body_ends = _joined(bodies)
         self.queues = _shared(queues)
         self.events = _shared(events)
         self.headers = _same(headers)
         self.sources = _shared(sources)
-        # consecutive: the first alone, in an array (not a range: its int objects,
-        # long-lived among a publish burst's short-lived ones, would each keep a
-        # pymalloc arena of 1 MiB from going back once the messages around go)
         first = seqs[0]
-        consecutive = seqs[-1] - first == count - 1 and seqs == list(range(first, first + count))
-        self.seqs = array("q", [first] if consecutive else seqs)
-        self.created = array("d", created)
+        consecutive = (first < _EXACT and seqs[-1] - first == count - 1
+                       and seqs == list(range(first, first + count)))
+        self.seqs = None if consecutive else _numbers("q", seqs)
         if expires.count(None) == count:
             self.expires = None
-            self.first_expiry = math.inf
+            first_expiry = math.inf
         else:
-            self.expires = array("d", [_NONE if value is None else value for value in expires])
-            # read back from the array: fresh floats, for the same reason
-            self.first_expiry = min(value for value in self.expires if value == value)
-        self.retries = retries[0] if retries.count(retries[0]) == count else array("q", retries)
+            self.expires = _numbers("d", [_NONE if value is None else value for value in expires])
+            first_expiry = min(value for value in expires if value is not None)
+        created.append(first if consecutive else 0)
+        created.append(first_expiry)
+        self.numbers = _numbers("d", created)
+        self.retries = (retries[0] if retries.count(retries[0]) == count
+                        and 0 <= retries[0] <= _SMALL_INT else _numbers("q", retries))
+
+    @property
+    def count(self) -> int:
+        return len(self.numbers) // 8 - 2
+
+    @property
+    def first_expiry(self) -> float:
+        return memoryview(self.numbers).cast("d")[-1]
+
+    def _created(self) -> memoryview:
+        return memoryview(self.numbers).cast("d")[:-2]
 
     def unpack(self) -> list[Message]:
         """The messages, as fresh objects, in order."""
         count = self.count
         expires: Iterable[float | None] = (
             repeat(None, count) if self.expires is None
-            else [None if value != value else value for value in self.expires]
+            else [None if value != value else value
+                  for value in memoryview(self.expires).cast("d")]
         )
         retries = self.retries
         return list(map(
-            Message, _split(self.ids), _column(self.queues, count), _split(self.bodies),
-            self.seq_column(), _column(self.events, count), _column(self.headers, count),
-            self.created, expires,
-            repeat(retries, count) if type(retries) is int else retries,
+            Message, _split(self.ids, self.id_ends), _column(self.queues, count),
+            _split(self.bodies, self.body_ends), self.seq_column(), _column(self.events, count),
+            _column(self.headers, count), self._created(), expires,
+            repeat(retries, count) if type(retries) is int else memoryview(retries).cast("q"),
             _column(self.sources, count),
         ))
 
     def seq_column(self) -> Iterable[int]:
-        """The messages' seqs: a range when consecutive, else the array."""
-        seqs = self.seqs
-        return range(seqs[0], seqs[0] + self.count) if len(seqs) == 1 else seqs
+        """The messages' seqs: a range when consecutive, else the int64s."""
+        if self.seqs is None:
+            first = int(memoryview(self.numbers).cast("d")[-2])
+            return range(first, first + self.count)
+        return memoryview(self.seqs).cast("q")
+
+    def expiry_values(self) -> list[float]:
+        """The expiry times of the messages that have one (none: an empty list)."""
+        if self.expires is None:
+            return []
+        return [value for value in memoryview(self.expires).cast("d") if value == value]
 
     def message(self, i: int) -> Message:
         """Message ``i`` alone (for peeks at either end and bisecting by seq)."""
         i %= self.count
-        expires = None if self.expires is None else self.expires[i]
+        expires = None if self.expires is None else memoryview(self.expires).cast("d")[i]
         retries = self.retries
         return Message(
-            _one(self.ids, i), _at(self.queues, i), _one(self.bodies, i),
-            self.seqs[0] + i if len(self.seqs) == 1 else self.seqs[i],
-            _at(self.events, i), _at(self.headers, i), self.created[i],
+            _one(self.ids, self.id_ends, i), _at(self.queues, i),
+            _one(self.bodies, self.body_ends, i), self.seq_column()[i],
+            _at(self.events, i), _at(self.headers, i), self._created()[i],
             None if expires != expires else expires,
-            retries if type(retries) is int else retries[i], _at(self.sources, i),
+            retries if type(retries) is int else memoryview(retries).cast("q")[i],
+            _at(self.sources, i),
         )
-
 
     def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
         """Hold ``queue`` and the interned event and source (``share_recovered_values``)."""
@@ -198,8 +239,6 @@ class Chunk:
 
 def _at(column: Any, i: int) -> Any:
     return column[i] if type(column) is list else column
-
-
 
 
 class Backlog:
@@ -268,8 +307,7 @@ def expiries(messages: Iterable[Message]) -> list[float]:
     times: list[float] = []
     if isinstance(messages, Backlog):
         for chunk in messages.chunks:
-            if chunk.expires is not None:
-                times += [value for value in chunk.expires if value == value]
+            times += chunk.expiry_values()
         messages = messages.tail
     times += [m.expires_at for m in messages if m.expires_at is not None]
     return times

@@ -121,7 +121,7 @@ class Options(usage.Options):
         ["pack-at-rest", None, 1.0,
          "Seconds between looks for ready backlogs at rest: one of 4,096 or more messages "
          "that fewer than 1,024 went through since the last look is packed whole, not "
-         "only past --pack-ready-after; 0: never.", float],
+         "only past --pack-ready-after (the log store's index of it too); 0: never.", float],
         ["overflow", None, "drop-head",
          "What a full queue does with a new publish unless it sets its own: drop-head "
          "(drop or dead-letter the oldest) or reject-publish (refuse the publish).",

@@ -16,7 +16,9 @@ packed but for its first chunk, ``SLICE`` chunks per reactor turn (about
 never touched (it moves far more than ``quiet`` messages in an interval),
 and a slow consumer unpacks one chunk per ``CHUNK`` messages it takes.
 
-Packing changes nothing a client or a store can see: the same messages in
+Once a queue is packed the memory goes back to the system (``give_back``:
+a full collection, ``malloc_trim``).  Packing changes nothing a client or
+a store can see: the same messages in
 the same order (``mqserver.durability.broker_state`` is equal before and
 after), and no store op.
 """
@@ -29,6 +31,7 @@ from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
 from mqserver.broker.ready import CHUNK
+from mqserver.giveback import give_back
 
 if TYPE_CHECKING:
     from mqserver.broker.core import Broker
@@ -129,5 +132,7 @@ class Resting:
         broker = self.broker
         if queue.deleted or not broker.pack_resting(queue, self.keep, self.slice, self._held):
             packing.pop(0)
-            self._held = []
+            if self._held:
+                self._held = []
+                give_back()
         return bool(packing)

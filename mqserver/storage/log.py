@@ -24,6 +24,8 @@ Kafka's segments (``docs/storage.md``):
   failed write the file may hold half a batch in its middle, and the index
   no longer matches the disk.  Restarting recovers from the file.
 - **Compaction** lives in ``log_compaction`` (the ``Compaction`` mixin).
+- **A backlog at rest** has its index moved to compact arrays
+  (``log_rest``, every ``index_at_rest`` seconds on the injected clock).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from mqserver.storage.log_batch import encode_batch
 from mqserver.storage.log_compaction import Compaction
 from mqserver.storage.log_index import LogIndex
 from mqserver.storage.log_recovery import RecoveryResult, recover_thd
+from mqserver.storage.log_rest import IndexAtRest
 from mqserver.storage.log_segment import SegmentFiles
 from mqserver.storage.worker import StoreThread
 
@@ -84,6 +87,7 @@ class LogStore(Compaction):
         clock: Any = None,
         garbage_ratio: float = 2.0,
         slice_bytes: int = 128 * 1024,
+        index_at_rest: float = 1.0,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -107,6 +111,10 @@ class LogStore(Compaction):
         self._syncing = False
         self._ticker = LoopingCall(self._tick)
         self._ticker.clock = self._clock
+        # seconds between looks for a queue's index at rest (log_rest; 0: never)
+        self.index_at_rest = index_at_rest
+        self._at_rest = IndexAtRest(self._clock, lambda: self._index,
+                                    lambda: self._closing or self._compaction is not None)
         self._compaction = None
         self._compaction_failed = False
         self._closing = False
@@ -161,6 +169,7 @@ class LogStore(Compaction):
             _log_warning)
         if self.policy == "interval":
             self._ticker.start(self.interval, now=False)
+        self._at_rest.start(self.index_at_rest)
         log.info("log {dir}: {n} segments, {total} bytes, {live} live; fsync={policy}",
                  dir=str(self.directory), n=len(self._segments), total=self._total,
                  live=self._index.live_total, policy=self.policy)
@@ -220,6 +229,7 @@ class LogStore(Compaction):
         self._closing = True
         if self._ticker.running:
             self._ticker.stop()
+        self._at_rest.stop()
         if self._compaction is not None:
             yield self._compaction
 

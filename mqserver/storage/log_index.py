@@ -91,6 +91,29 @@ class SeqIndex(dict[int, int]):
         self.places.extend([location & _MASK for _, location in items])
         self.last = self.seqs[-1] if self.seqs else -1
 
+    def archive_oldest(self, most: int) -> None:
+        """Move the dict's oldest ``most`` entries to the arrays (a slice of a backlog
+        at rest: ``log_rest``); all of them once no more than ``most`` are left
+        (``archive``, which also frees the dict's table).
+
+        The dict's order is the order entries came in, which is seq order as
+        publishing goes; an entry at or below the archived ones (a requeue
+        into an old seq, rare) takes the merging ``archive`` instead.
+        """
+        if len(self) <= most:
+            self.archive()
+            return
+        items = sorted(islice(self.items(), most))
+        if items[0][0] <= self.last:
+            self.archive()
+            return
+        for seq, _ in items:
+            del self[seq]
+        self.seqs.extend([seq for seq, _ in items])
+        self.segments.extend([location >> 64 for _, location in items])
+        self.places.extend([location & _MASK for _, location in items])
+        self.last = items[-1][0]
+
     def _find(self, seq: int) -> int:
         seqs, i = self.seqs, self.first
         if i < len(seqs) and seqs[i] == seq:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import sys
+
 from mqserver.model import Message, RecoveredQueue
-from mqserver.packed import Backlog, Chunk, expiries, share_recovered_values
+from mqserver.packed import CHUNK, Backlog, Chunk, expiries, share_recovered_values
 
 
 def _messages(first: int, count: int, **fields) -> list[Message]:
@@ -55,3 +57,18 @@ def test_expiries_read_chunks_without_unpacking_them(monkeypatch):
                                                                               expires_at=7.0))
     assert len(backlog.chunks) == 2 and sorted(expiries(backlog)) == [7.0, 9.0, 9.0]
     assert expiries(_messages(1, 2, expires_at=3.0)) == [3.0, 3.0]
+
+
+def test_a_chunk_makes_no_object_of_pymalloc_size():
+    """A small object a chunk made would keep its pymalloc arena (1 MiB) from going
+    back once the messages around it go: a chunk's own objects are all past 512
+    bytes (malloc's), and the rest are shared (the queue, small ints, None)."""
+    burst = [Message(b"%020d" % n, b"q", b"x" * 100, 10**6 + n, None, None, 1.7e9 + n / 1e3)
+             for n in range(CHUNK)]
+    chunk = Chunk(burst)
+    assert sys.getsizeof(chunk) > 512
+    for name in Chunk.__slots__:
+        value = getattr(chunk, name, None)
+        shared = value is None or value is burst[0].queue or (type(value) is int and value <= 256)
+        assert shared or sys.getsizeof(value) > 512, (name, value)
+    assert chunk.count == CHUNK and chunk.unpack() == burst

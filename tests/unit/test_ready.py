@@ -167,7 +167,8 @@ def test_a_chunk_stores_shared_values_once_and_gives_them_back():
              for n in range(4)]
     chunk = Chunk(burst)
     assert chunk.queues == b"q" and chunk.events == b"ev" and chunk.headers is headers
-    assert chunk.seq_column() == range(7, 11) and list(chunk.seqs) == [7] and chunk.retries == 0 and chunk.expires is None
+    assert chunk.seq_column() == range(7, 11) and chunk.seqs is None
+    assert chunk.retries == 0 and chunk.expires is None
     assert chunk.first_expiry == math.inf
     out = chunk.unpack()
     assert out == burst
@@ -180,7 +181,7 @@ def test_a_chunk_keeps_lists_where_messages_differ():
              Message(b"bb", b"q", bytearray(b"2"), 5, b"e2", {"k": "v"}, 2.0, None, 3, "emqp")]
     chunk = Chunk(burst)
     assert isinstance(chunk.events, list) and isinstance(chunk.bodies, list)
-    assert list(chunk.seq_column()) == [1, 5] and list(chunk.retries) == [0, 3]
+    assert list(chunk.seq_column()) == [1, 5] and list(memoryview(chunk.retries).cast("q")) == [0, 3]
     assert chunk.first_expiry == 9.0
     assert chunk.unpack() == burst
     assert type(chunk.message(1).body) is bytearray

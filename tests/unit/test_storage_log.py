@@ -364,7 +364,7 @@ def test_interval_fsyncs_on_the_clock_only_when_dirty(tmp_path: Path, fsyncs: li
 @pytest_twisted.inlineCallbacks
 def test_never_fsyncs_only_at_close(tmp_path: Path, fsyncs: list[int]) -> Any:
     clock = Clock()
-    store = LogStore(tmp_path, fsync="never", clock=clock)
+    store = LogStore(tmp_path, fsync="never", clock=clock, index_at_rest=0)  # no timer at all
     yield store.open()
     before = len(fsyncs)
     for n in range(1, 4):
@@ -574,3 +574,26 @@ def test_fsync_time_is_published_for_metrics(tmp_path):
     yield store.close()
     assert metrics["fsyncs_total"] >= 1
     assert metrics["fsync_seconds_total"] >= metrics["last_fsync_seconds"] > 0
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_index_at_rest_moves_to_its_arrays_and_recovers_the_same(tmp_path: Path) -> Any:
+    clock = Clock()
+    store = LogStore(tmp_path, fsync="never", clock=clock)
+    yield store.open()
+    store._at_rest.least, store._at_rest.quiet = 4, 2
+    yield store.apply([(ENQUEUE, message(n)) for n in range(1, 11)])
+    clock.advance(1.0)
+    clock.advance(1.0)  # the second look: nothing moved, it is at rest
+    by_seq = store._index.messages[b"q"]
+    assert not by_seq and list(by_seq.seqs) == list(range(1, 11))
+    yield store.apply([(REMOVE, b"q", 3), (ENQUEUE, message(11))])
+    live = store.live_bytes()
+    yield store.close()
+    again = LogStore(tmp_path, fsync="never", clock=Clock())
+    recovered = yield again.open()
+    try:
+        assert [m.seq for m in recovered.queues[b"q"].messages] == [1, 2, *range(4, 12)]
+        assert again.live_bytes() == live
+    finally:
+        yield again.close()

@@ -1,0 +1,33 @@
+"""give_back: a full collection and, where glibc offers it, malloc_trim."""
+
+from __future__ import annotations
+
+import gc
+
+from mqserver import giveback
+
+
+def test_it_collects_and_trims(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    giveback.give_back(lambda pad: calls.append(("trim", pad)) or 1)
+    assert calls == ["collect", ("trim", 0)]
+
+
+def test_without_malloc_trim_it_only_collects(monkeypatch):
+    calls = []
+    monkeypatch.setattr(gc, "collect", lambda *a: calls.append("collect") or 0)
+    giveback.give_back(None)
+    assert calls == ["collect"]
+
+
+def test_a_c_library_without_malloc_trim_gives_none(monkeypatch):
+    monkeypatch.setattr(giveback.ctypes.util, "find_library", lambda name: None)
+    assert giveback._malloc_trim() is None
+
+    def no_library(name):
+        raise OSError("no such library")
+
+    monkeypatch.setattr(giveback.ctypes.util, "find_library", lambda name: "libc.so.6")
+    monkeypatch.setattr(giveback.ctypes, "CDLL", no_library)
+    assert giveback._malloc_trim() is None
