@@ -18,7 +18,7 @@ import math
 from array import array
 from collections.abc import Iterable, Iterator
 from itertools import accumulate, pairwise, repeat
-from typing import Any
+from typing import Any, NamedTuple
 
 from mqserver.model import Message, RecoveredQueue
 
@@ -227,6 +227,40 @@ class Chunk:
             _at(self.sources, i),
         )
 
+    def parts(self) -> ChunkParts:
+        """The columns as arrays and tuples (a snapshot's layout: ``snapshot_sections``)."""
+        count = self.count
+        numbers = array("d", self.numbers)
+        return ChunkParts(
+            count, _parted(self.ids, self.id_ends), _parted(self.bodies, self.body_ends),
+            self.queues,
+            array("q", [int(numbers[-2])]) if self.seqs is None else array("q", self.seqs),
+            self.events, self.headers, numbers[:count],
+            None if self.expires is None else array("d", self.expires), numbers[-1],
+            self.retries if type(self.retries) is int else array("q", self.retries),
+            self.sources,
+        )
+
+    @classmethod
+    def of_parts(cls, parts: ChunkParts) -> Chunk:
+        """A chunk from ``parts`` (a snapshot's), in this layout."""
+        chunk = cls.__new__(cls)
+        count = parts.count
+        chunk.ids, chunk.id_ends = _unparted(parts.ids, count)
+        chunk.bodies, chunk.body_ends = _unparted(parts.bodies, count)
+        chunk.queues, chunk.events = parts.queues, parts.events
+        chunk.headers, chunk.sources = parts.headers, parts.sources
+        seqs = parts.seqs
+        consecutive = len(seqs) == 1 and seqs[0] < _EXACT
+        chunk.seqs = None if consecutive else seqs.tobytes()
+        chunk.expires = None if parts.expires is None else parts.expires.tobytes()
+        chunk.numbers = _numbers("d", [*parts.created, seqs[0] if consecutive else 0,
+                                       parts.first_expiry])
+        retries = parts.retries
+        chunk.retries = retries if type(retries) is int and 0 <= retries <= _SMALL_INT \
+            else _numbers("q", [retries] * count if type(retries) is int else retries)
+        return chunk
+
     def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
         """Hold ``queue`` and the interned event and source (``share_recovered_values``)."""
         if type(self.queues) is not list:
@@ -239,6 +273,42 @@ class Chunk:
 
 def _at(column: Any, i: int) -> Any:
     return column[i] if type(column) is list else column
+
+
+class ChunkParts(NamedTuple):
+    """A chunk's columns as ``snapshot_sections`` writes and reads them: ids and
+    bodies as (joined bytes, one length or an array of ends) or a list; seqs
+    every one, or the first alone when consecutive; numbers as arrays."""
+
+    count: int
+    ids: Any
+    bodies: Any
+    queues: Any
+    seqs: array[int]
+    events: Any
+    headers: Any
+    created: array[float]
+    expires: array[float] | None
+    first_expiry: float
+    retries: int | array[int]
+    sources: Any
+
+
+def _parted(data: Any, ends: Any) -> Any:
+    if ends is None or type(ends) is int:
+        return data if ends is None else (data, ends)
+    return data, array(_ends_code(data), ends)
+
+
+def _unparted(column: Any, count: int) -> tuple[Any, Any]:
+    if type(column) is list:
+        return column, None
+    data, ends = column
+    if type(ends) is int:
+        if 0 < ends <= _SMALL_INT:
+            return data, ends
+        ends = range(ends, ends * count + 1, ends)
+    return data, array(_ends_code(data), ends).tobytes()
 
 
 class Backlog:

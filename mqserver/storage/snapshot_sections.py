@@ -29,7 +29,7 @@ from array import array
 from typing import Any, BinaryIO
 
 from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue
-from mqserver.packed import CHUNK, Backlog, Chunk
+from mqserver.packed import CHUNK, Backlog, Chunk, ChunkParts
 
 _U8, _U32, _U64 = struct.Struct("<B"), struct.Struct("<I"), struct.Struct("<Q")
 _I64, _F64 = struct.Struct("<q"), struct.Struct("<d")
@@ -163,25 +163,26 @@ def _headers(out: SectionWriter, column: Any) -> None:
 
 def chunk_section(chunk: Chunk) -> SectionWriter:
     out = SectionWriter()
-    out.u32(chunk.count)
-    _joined(out, chunk.ids)
-    _joined(out, chunk.bodies)
-    _values(out, chunk.queues, out.blob)
-    out.array(chunk.seqs)  # every seq, or the first alone when consecutive
-    _values(out, chunk.events, out.blob)
-    _headers(out, chunk.headers)
-    out.array(chunk.created)
-    out.u8(chunk.expires is not None)
-    if chunk.expires is not None:
-        out.array(chunk.expires)
-        out.f64(chunk.first_expiry)
-    retries = chunk.retries
+    parts = chunk.parts()
+    out.u32(parts.count)
+    _joined(out, parts.ids)
+    _joined(out, parts.bodies)
+    _values(out, parts.queues, out.blob)
+    out.array(parts.seqs)  # every seq, or the first alone when consecutive
+    _values(out, parts.events, out.blob)
+    _headers(out, parts.headers)
+    out.array(parts.created)
+    out.u8(parts.expires is not None)
+    if parts.expires is not None:
+        out.array(parts.expires)
+        out.f64(parts.first_expiry)
+    retries = parts.retries
     out.u8(type(retries) is int)
     if type(retries) is int:
         out.i64(retries)
     else:
         out.array(retries)
-    _values(out, chunk.sources, out.text)
+    _values(out, parts.sources, out.text)
     return out
 
 
@@ -349,28 +350,27 @@ def _read_joined(data: SectionReader, count: int) -> tuple[bytes, array[int] | i
 
 
 def read_chunk(data: SectionReader) -> Chunk:
-    chunk = Chunk.__new__(Chunk)
-    count = chunk.count = data.u32()
+    count = data.u32()
     if not count:
         raise SnapshotError("an empty chunk")
-    chunk.ids = _read_joined(data, count)
-    chunk.bodies = _read_joined(data, count)
-    chunk.queues = _read_values(data, count, data.some_blob)
-    chunk.seqs = data.array("q")
-    if len(chunk.seqs) not in (1, count):
-        raise SnapshotError(f"{len(chunk.seqs)} seqs for {count} messages")
-    chunk.events = _read_values(data, count, data.blob)
-    chunk.headers = _read_headers(data, count)
-    chunk.created = data.array("d", count)
+    ids = _read_joined(data, count)
+    bodies = _read_joined(data, count)
+    queues = _read_values(data, count, data.some_blob)
+    seqs = data.array("q")
+    if len(seqs) not in (1, count):
+        raise SnapshotError(f"{len(seqs)} seqs for {count} messages")
+    events = _read_values(data, count, data.blob)
+    headers = _read_headers(data, count)
+    created = data.array("d", count)
     if data.u8():
-        chunk.expires = data.array("d", count)
-        chunk.first_expiry = data.f64()
+        expires, first_expiry = data.array("d", count), data.f64()
     else:
-        chunk.expires, chunk.first_expiry = None, math.inf
-    chunk.retries = data.i64() if data.u8() else data.array("q", count)
-    chunk.sources = _read_values(data, count, data.text)
+        expires, first_expiry = None, math.inf
+    retries = data.i64() if data.u8() else data.array("q", count)
+    sources = _read_values(data, count, data.text)
     data.end()
-    return chunk
+    return Chunk.of_parts(ChunkParts(count, ids, bodies, queues, seqs, events, headers,
+                                     created, expires, first_expiry, retries, sources))
 
 
 def _read_options(data: SectionReader) -> QueueOptions:

@@ -72,3 +72,24 @@ def test_a_chunk_makes_no_object_of_pymalloc_size():
         shared = value is None or value is burst[0].queue or (type(value) is int and value <= 256)
         assert shared or sys.getsizeof(value) > 512, (name, value)
     assert chunk.count == CHUNK and chunk.unpack() == burst
+
+
+def test_parts_give_back_the_same_chunk():
+    """``Chunk.parts`` and ``Chunk.of_parts`` (a snapshot's layout) keep every field:
+    one length past a small int, ends, lists, expiries, retries, gaps in seqs."""
+    bursts = [
+        [Message(b"m%d" % n, b"q", b"y" * 300, 5 + n, None, None, 1.0 + n) for n in range(3)],
+        [Message(b"a", b"q", b"1", 1, b"e1", None, 1.0, 9.0, 0),
+         Message(b"bb", b"q", bytearray(b"22"), 5, b"e2", {"k": "v"}, 2.0, None, 3, "emqp")],
+        [Message(b"id%d" % n, b"q", b"z" * n, 7 + 2 * n, b"e", None, 3.0, 4.0 + n, 2**40, "x")
+         for n in range(4)],
+    ]
+    for burst in bursts:
+        chunk = Chunk(burst)
+        again = Chunk.of_parts(chunk.parts())
+        assert again.unpack() == chunk.unpack()
+        assert again.first_expiry == chunk.first_expiry and again.count == chunk.count
+        mine, theirs = chunk.parts(), again.parts()
+        assert theirs._replace(expires=None) == mine._replace(expires=None)
+        assert (theirs.expires is None) == (mine.expires is None)
+        assert mine.expires is None or theirs.expires.tobytes() == mine.expires.tobytes()
