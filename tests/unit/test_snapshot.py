@@ -118,6 +118,30 @@ def test_every_flipped_byte_is_refused(tmp_path):
             snapshot.read(path, 7)
 
 
+@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(recovered=states(), cut=st.floats(0, 1, exclude_max=True),
+       flip=st.none() | st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)))
+def test_damage_anywhere_is_a_clear_error_in_bounded_memory(tmp_path, recovered, cut, flip):
+    """A drawn state cut short at a drawn byte, or with a drawn byte changed:
+    ``SnapshotError``, never another exception, and never more memory than the
+    file's size over again."""
+    path = _write(tmp_path, recovered)
+    data = bytearray(path.read_bytes())
+    if flip is None:
+        data = data[:int(cut * len(data))]
+    else:
+        data[int(flip[0] * len(data))] ^= flip[1]
+    path.write_bytes(bytes(data))
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotError):
+            snapshot.read(path, 7)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(data) + (64 << 10)
+
+
 def test_a_stale_token_is_refused_before_the_body_is_read(tmp_path):
     path, data = _example(tmp_path)
     path.write_bytes(data[:HEADER_SIZE])  # no body at all: the token is checked first
