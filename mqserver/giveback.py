@@ -24,25 +24,29 @@ once a backlog is packed, never on a hot path.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import gc
 from collections.abc import Callable
+from typing import Any
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
-    """glibc's ``malloc_trim``, or None where the C library has none (musl, macOS)."""
-    name = ctypes.util.find_library("c")
+def malloc_trim() -> Callable[[], Any] | None:
+    """glibc's ``malloc_trim(0)`` as a call, or None where the C library has none
+    (musl, macOS).  (Also the memory alarm's, ``mqserver.broker.flow``.)"""
+    # the process's own symbols, libc's among them: ``find_library`` would run
+    # ldconfig in a subprocess at every start
     try:
-        return ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
+        libc = ctypes.CDLL(None)
+    except OSError:
         return None
+    trim = getattr(libc, "malloc_trim", None)
+    return (lambda: trim(0)) if trim is not None else None
 
 
-_TRIM = _malloc_trim()
+_TRIM = malloc_trim()
 
 
-def give_back(trim: Callable[[int], int] | None = _TRIM) -> None:
+def give_back(trim: Callable[[], Any] | None = _TRIM) -> None:
     """A full collection, then ``malloc_trim(0)`` where glibc offers it."""
     gc.collect()
     if trim is not None:
-        trim(0)
+        trim()

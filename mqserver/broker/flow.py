@@ -28,7 +28,6 @@ could stay in alarm forever.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import weakref
 from collections.abc import Callable
@@ -36,6 +35,8 @@ from typing import Any
 
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+
+from mqserver.giveback import malloc_trim
 
 log = Logger()
 
@@ -113,17 +114,6 @@ def watermark_bytes(value: float, ram: int | None = None) -> int | None:
     return int(value)
 
 
-def _malloc_trim() -> Callable[[], Any] | None:
-    # the process's own symbols, libc's among them: ``find_library`` would run
-    # ldconfig in a subprocess at every start
-    try:
-        libc = ctypes.CDLL(None)
-    except OSError:
-        return None
-    trim = getattr(libc, "malloc_trim", None)
-    return (lambda: trim(0)) if trim is not None else None
-
-
 class MemoryAlarm:
     """Watches memory and pauses publishers; ``broker.flow`` (off until ``configure``)."""
 
@@ -139,7 +129,7 @@ class MemoryAlarm:
         self.alarms = 0
         # weak: a connection that went away without saying so is simply forgotten
         self.publishers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._trim = _malloc_trim()
+        self._trim = malloc_trim()
         self._loop: LoopingCall | None = None
 
     def configure(self, high: int | None, interval: float = 1.0) -> None:
