@@ -254,8 +254,12 @@ class Chunk:
         consecutive = len(seqs) == 1 and seqs[0] < _EXACT
         chunk.seqs = None if consecutive else seqs.tobytes()
         chunk.expires = None if parts.expires is None else parts.expires.tobytes()
-        chunk.numbers = _numbers("d", [*parts.created, seqs[0] if consecutive else 0,
-                                       parts.first_expiry])
+        # the array as it is (a copy in C), not a list of ``count`` floats: a
+        # restart from a snapshot builds a thousand chunks per million messages
+        numbers = array("d", parts.created)
+        numbers.append(seqs[0] if consecutive else 0)
+        numbers.append(parts.first_expiry)
+        chunk.numbers = numbers.tobytes()
         retries = parts.retries
         chunk.retries = retries if type(retries) is int and 0 <= retries <= _SMALL_INT \
             else _numbers("q", [retries] * count if type(retries) is int else retries)

@@ -55,7 +55,12 @@ class BrokerService(MultiService):
 
     @inlineCallbacks
     def _start(self) -> Any:
-        recovered = yield self.broker.store.open()
+        opening = self.broker.store.open()
+        if self.tune_gc:
+            # while the store's thread reads (its file reads and checksums
+            # leave the GIL): this full collection then does not wait for it
+            gc.collect()
+        recovered = yield opening
         self.broker.load(recovered)
         log.info(
             "storage open: {queues} queues, {messages} ready messages recovered",
@@ -68,8 +73,11 @@ class BrokerService(MultiService):
         if self.tune_gc:
             # Long-lived broker state would otherwise be rescanned by every
             # full collection; freezing it and raising the young-generation
-            # threshold cut produce time by a third with a 1M backlog.
-            gc.collect()
+            # threshold cut produce time by a third with a 1M backlog.  What
+            # the open and the load made since the full collection above is
+            # state (the recovered chunks, queues): only the youngest are
+            # looked at for garbage before it is frozen.
+            gc.collect(0)
             gc.freeze()
             gc.set_threshold(50_000, 50, 100)
         if self.listen_after is not None:

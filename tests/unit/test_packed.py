@@ -89,6 +89,7 @@ def test_parts_give_back_the_same_chunk():
         again = Chunk.of_parts(chunk.parts())
         assert again.unpack() == chunk.unpack()
         assert again.first_expiry == chunk.first_expiry and again.count == chunk.count
+        assert again.numbers == chunk.numbers  # created, the first seq, the first expiry
         mine, theirs = chunk.parts(), again.parts()
         assert theirs._replace(expires=None) == mine._replace(expires=None)
         assert (theirs.expires is None) == (mine.expires is None)

@@ -56,6 +56,37 @@ def test_listeners_start_only_after_the_store_is_open():
     assert service.ready.called
 
 
+class GcCalls:
+    """Records what ``BrokerService`` asks of ``gc`` (freezing and thresholds are
+    recorded only: they would outlive the test in this process)."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def collect(self, *generation: int) -> int:
+        self.log.append(f"gc.collect{generation}")
+        return 0
+
+    def freeze(self) -> None:
+        self.log.append("gc.freeze")
+
+    def set_threshold(self, *thresholds: int) -> None:
+        self.log.append("gc.set_threshold")
+
+
+def test_the_full_collection_runs_while_the_store_opens_then_its_state_is_frozen(monkeypatch):
+    log: list[str] = []
+    monkeypatch.setattr("mqserver.broker.service.gc", GcCalls(log))
+    store = SlowStore(log)
+    service = BrokerService(Broker(store, MemoryReactorClock()), tune_gc=True)
+    Child(log).setServiceParent(service)
+    service.startService()
+    assert log == ["open called", "gc.collect()"]
+    store.opening.callback(None)
+    assert log == ["open called", "gc.collect()", "store open", "gc.collect(0,)", "gc.freeze",
+                   "gc.set_threshold", "child started"]
+
+
 def test_a_failing_ttl_sweep_is_logged_and_runs_again():
     reactor = MemoryReactorClock()
     broker = Broker(MemoryStore(), reactor)
