@@ -292,12 +292,36 @@ def makeService(config: Options, reactor: Any = None) -> IService:
 
         return build_node(config, reactor, limits)
     store = _STORAGE[config["storage"]].build_store(config, reactor)
+    opening = None
+    if store.durable and opens_early(config):
+        # the store's thread reads while the protocols and HTTP are imported;
+        # BrokerService still listens only once this fires
+        os.makedirs(config["data-dir"], exist_ok=True)
+        opening = store.open()
     service = build_broker_service(config, reactor, store, limits)
+    service.opening = opening
     for label, description, site in http_sites(config, service.broker):
         endpoint = endpoints.serverFromString(reactor, description)
         Listener(label, endpoint, GuardedFactory(site, limits, label, reactor),
                  reactor).setServiceParent(service)
     return service
+
+
+def opens_early(config: Options) -> bool:
+    """Whether ``makeService`` may open the store at once, before twistd starts the service.
+
+    Only when twistd changes nothing about the process in between: no fork
+    (the store's thread would not survive it), and no new user, group,
+    root, directory or umask (files the open makes would be made as they
+    were before).  That is ``twistd -n`` with none of ``--uid``, ``--gid``,
+    ``--chroot``, ``--rundir`` or ``--umask``, as systemd runs it.  Options
+    parsed on their own (no twistd around them) never do.
+    """
+    twistd = getattr(config, "parent", None)
+    if twistd is None or not twistd.get("nodaemon"):
+        return False
+    return (all(twistd.get(name, "") is None for name in ("uid", "gid", "chroot", "umask"))
+            and twistd.get("rundir") == ".")
 
 
 def build_broker_service(config: Options, reactor: Any, store: Any, limits: Any,

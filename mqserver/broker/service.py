@@ -47,6 +47,8 @@ class BrokerService(MultiService):
         self.exit_on_start_failure = True
         # mqserver.ha: the listeners also wait for this (a previous active's lease)
         self.listen_after: Deferred[None] | None = None
+        # the store's open, when ``makeService`` started it already (``tap.opens_early``)
+        self.opening: Deferred[Any] | None = None
 
     def startService(self) -> None:
         self.running = 1
@@ -55,7 +57,9 @@ class BrokerService(MultiService):
 
     @inlineCallbacks
     def _start(self) -> Any:
-        opening = self.broker.store.open()
+        opening, self.opening = self.opening, None
+        if opening is None:
+            opening = self.broker.store.open()
         if self.tune_gc:
             # while the store's thread reads (its file reads and checksums
             # leave the GIL): this full collection then does not wait for it

@@ -56,6 +56,19 @@ def test_listeners_start_only_after_the_store_is_open():
     assert service.ready.called
 
 
+def test_an_open_started_before_the_service_is_awaited_not_repeated():
+    log: list[str] = []
+    store = SlowStore(log)
+    service = BrokerService(Broker(store, MemoryReactorClock()))
+    Child(log).setServiceParent(service)
+    service.opening = store.open()  # as makeService does under ``twistd -n``
+    service.startService()
+    assert log == ["open called"] and service.opening is None
+    store.opening.callback(None)
+    assert log == ["open called", "store open", "child started"]
+    assert service.ready.called
+
+
 class GcCalls:
     """Records what ``BrokerService`` asks of ``gc`` (freezing and thresholds are
     recorded only: they would outlive the test in this process)."""

@@ -176,6 +176,29 @@ def test_durable_storage_creates_the_data_dir(tmp_path, args, storage, location)
     assert list(data.iterdir()) == []  # nothing is opened before the service starts
 
 
+def twistd_options(*args: str) -> tap.Options:
+    """The mqserver options as ``twistd ARGS mqserver --storage=memory`` parses them."""
+    from twisted.scripts.twistd import ServerOptions
+
+    twistd = ServerOptions()
+    twistd.parseOptions([*args, "mqserver", "--storage=memory"])
+    return twistd.subOptions
+
+
+@pytest.mark.parametrize(
+    ("args", "early"),
+    [(("-n",), True), (("--nodaemon", "--pidfile="), True), ((), False),
+     (("-n", "--uid=0"), False), (("-n", "--gid=0"), False), (("-n", "--chroot=/"), False),
+     (("-n", "--rundir=/tmp"), False), (("-n", "--umask=022"), False)],
+)
+def test_the_store_opens_early_only_when_twistd_leaves_the_process_as_it_is(args, early):
+    assert tap.opens_early(twistd_options(*args)) is early
+
+
+def test_options_parsed_without_twistd_never_open_early():
+    assert not tap.opens_early(parse("--storage=memory"))
+
+
 def test_memory_storage_creates_no_data_dir(tmp_path):
     options = parse("--storage=memory", f"--data-dir={tmp_path / 'data'}")
     tap.makeService(options, reactor=MemoryReactorClock())
