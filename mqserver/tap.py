@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 from typing import Any
 
 from twisted.application.service import IService, Service
@@ -313,11 +314,16 @@ def opens_early(config: Options) -> bool:
     Only when twistd changes nothing about the process in between: no fork
     (the store's thread would not survive it), and no new user, group,
     root, directory or umask (files the open makes would be made as they
-    were before).  That is ``twistd -n`` with none of ``--uid``, ``--gid``,
-    ``--chroot``, ``--rundir`` or ``--umask``, as systemd runs it.  Options
-    parsed on their own (no twistd around them) never do.
+    were before).  That is ``twist`` (the systemd unit's runner: it never
+    does any of these) and ``twistd -n`` with none of ``--uid``, ``--gid``,
+    ``--chroot``, ``--rundir`` or ``--umask``.  Options parsed on their own
+    (no runner around them) never do.
     """
     twistd = getattr(config, "parent", None)
+    # imported by ``twist`` before it parses; not imported here otherwise
+    twist = sys.modules.get("twisted.application.twist._options")
+    if twist is not None and isinstance(twistd, twist.TwistOptions):
+        return True
     if twistd is None or not twistd.get("nodaemon"):
         return False
     return (all(twistd.get(name, "") is None for name in ("uid", "gid", "chroot", "umask"))

@@ -195,6 +195,14 @@ def test_the_store_opens_early_only_when_twistd_leaves_the_process_as_it_is(args
     assert tap.opens_early(twistd_options(*args)) is early
 
 
+def test_the_store_opens_early_under_twist():
+    from twisted.application.twist._options import TwistOptions
+
+    options = parse("--storage=memory")
+    options.parent = TwistOptions()  # what parsing ``twist mqserver ...`` sets
+    assert tap.opens_early(options)
+
+
 def test_options_parsed_without_twistd_never_open_early():
     assert not tap.opens_early(parse("--storage=memory"))
 
