@@ -78,7 +78,8 @@ def _write(tmp_path: Path, recovered: Recovered, token: int = 7, extra: bytes = 
     return path
 
 
-@settings(max_examples=150, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=150, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(recovered=states(), extra=st.binary(max_size=20))
 def test_what_is_written_reads_back_exactly(tmp_path, recovered, extra):
     path = _write(tmp_path, recovered, 12345, extra)
@@ -118,7 +119,8 @@ def test_every_flipped_byte_is_refused(tmp_path):
             snapshot.read(path, 7)
 
 
-@settings(max_examples=100, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(recovered=states(), cut=st.floats(0, 1, exclude_max=True),
        flip=st.none() | st.tuples(st.floats(0, 1, exclude_max=True), st.integers(1, 255)))
 def test_damage_anywhere_is_a_clear_error_in_bounded_memory(tmp_path, recovered, cut, flip):
