@@ -157,8 +157,9 @@ class Queue:
     def pack_resting(self, keep: int, most: int, hold: list[Message], chunk: int = CHUNK,
                      lagging: set[Queue] | None = None) -> bool:
         """Pack up to ``most`` chunks of a backlog at rest, all but its first ``keep``
-        messages, the packed ones added to ``hold`` (``PackedReady.pack_head``,
-        ``mqserver.broker.resting``); True if there is more to pack.
+        messages, then its tail, the packed ones added to ``hold``
+        (``PackedReady.pack_head``, ``pack_tail``, ``mqserver.broker.resting``);
+        True if there is more to pack.
 
         A deque becomes a ``PackedReady`` first, as ``pack_ready`` would make
         it past the threshold; it swaps back as usual once drained.
@@ -169,7 +170,7 @@ class Queue:
                 return False
             ready = self.ready = PackedReady(ready, chunk, _lag(self, lagging))
             self.pack_check_at = self.enqueued + chunk
-        return ready.pack_head(keep, most, hold)
+        return ready.pack_head(keep, most, hold) or ready.pack_tail(most, hold)
 
     def take_expired(self, now: float) -> list[Message]:
         """Remove and return the ready messages whose TTL has passed at ``now``."""

@@ -165,6 +165,34 @@ class PackedReady:
             self.packed += size
         return len(head) >= keep + size
 
+    def pack_tail(self, most: int, hold: list[Message]) -> bool:
+        """Pack up to ``most`` chunks of the tail, the last one however short;
+        True if it stopped at ``most`` with more to pack.
+
+        For a backlog at rest, after ``pack_head``: the tail holds the newest
+        messages (fewer than a chunk once the writer caught up), made at the
+        end of a burst, when pymalloc hands out the scattered holes the
+        burst's short-lived objects left: a thousand of them kept a few blocks
+        alive in each of some twenty arenas (1 MiB each) on the log store.
+        Messages the writer still holds stay, as in ``catch_up``; the packed
+        ones go to ``hold``, as in ``pack_head``.  A short tail behind a short
+        chunk joins it (one chunk of fewer than two ``chunk_size``), so a
+        queue that a trickle of publishes keeps at rest does not grow a chunk
+        per look.
+        """
+        tail, size, chunks = self.tail, self.chunk_size, self.chunks
+        for _ in range(most):
+            count = min(size, len(tail))
+            if not count or sys.getrefcount(tail[count - 1]) > _ONLY_ITS_DEQUE:
+                return False
+            messages = [tail.popleft() for _ in range(count)]
+            hold += messages
+            self.packed += count
+            if count < size and chunks and chunks[-1].count < size:
+                messages = chunks.pop().unpack() + messages
+            chunks.append(Chunk(messages))
+        return bool(tail)
+
     def extend(self, messages: Iterable[Message]) -> None:
         for message in messages:
             self.append(message)

@@ -44,7 +44,7 @@ def messages(draw: st.DrawFn, seq: int) -> Message:
 OPS = st.lists(
     st.sampled_from([
         "append", "append", "append", "extend", "appendleft", "popleft", "popleft", "clear",
-        "restore", "restore", "expire", "peek", "index", "pack_head",
+        "restore", "restore", "expire", "peek", "index", "pack_head", "pack_tail",
     ]),
     max_size=120,
 )
@@ -112,6 +112,12 @@ def test_packed_ready_matches_a_deque(data, ops, chunk_size):
             hold: list[Message] = []
             while ready.pack_head(draw(st.integers(0, 3)), draw(st.integers(1, 2)), hold):
                 pass
+        elif op == "pack_tail":
+            hold = []
+            while ready.pack_tail(draw(st.integers(1, 2)), hold):
+                pass
+            assert not ready.tail, "nothing else holds the queue's copies"
+            assert all(c.count < 2 * chunk_size for c in ready.chunks)
         elif op == "peek":
             limit = draw(st.integers(0, 5))
             assert list(islice(ready, limit)) == list(islice(model, limit))
@@ -148,6 +154,45 @@ def test_messages_held_elsewhere_are_packed_once_let_go():
     ready.append(Message(b"m10", b"q", b"b", 10))
     assert [chunk.count for chunk in ready.chunks] == [4, 4], "two chunks per append at most"
     assert [m.seq for m in ready] == list(range(11))
+
+
+def test_a_short_tail_is_packed_and_joins_a_short_chunk_before_it():
+    """At rest the tail goes too (its messages were made at the end of a burst,
+    scattered over arenas); a trickle then grows one short chunk, not one per look."""
+    ready = PackedReady(deque(), 4)
+    for seq in range(6):
+        ready.append(Message(b"m%d" % seq, b"q", b"b", seq))
+    hold: list[Message] = []
+    assert not ready.pack_tail(8, hold)
+    assert [c.count for c in ready.chunks] == [4, 2] and not ready.tail
+    assert [m.seq for m in hold] == [4, 5]
+    for seq in range(6, 8):
+        ready.append(Message(b"m%d" % seq, b"q", b"b", seq))
+        ready.pack_tail(8, hold)
+    assert [c.count for c in ready.chunks] == [4, 4], "joined the short chunk, one at a time"
+    for seq in range(8, 10):
+        ready.append(Message(b"m%d" % seq, b"q", b"b", seq))
+        ready.pack_tail(8, hold)
+    assert [c.count for c in ready.chunks] == [4, 4, 2], "a full one is left as it is"
+    ready.append(Message(b"m10", b"q", b"b", 10))
+    ready.append(Message(b"m11", b"q", b"b", 11))
+    ready.append(Message(b"m12", b"q", b"b", 12))
+    ready.pack_tail(8, hold)
+    assert [c.count for c in ready.chunks] == [4, 4, 5], "fewer than two chunk sizes"
+    assert [m.seq for m in ready] == list(range(13))
+
+
+def test_a_tail_the_writer_still_holds_is_left():
+    ready = PackedReady(deque(), 4)
+    for seq in range(3):
+        ready.append(Message(b"m%d" % seq, b"q", b"b", seq))
+    held = ready.tail[-1]
+    hold: list[Message] = []
+    assert not ready.pack_tail(8, hold)
+    assert len(ready.tail) == 3 and not ready.chunks and not hold
+    del held
+    assert not ready.pack_tail(8, hold)
+    assert [c.count for c in ready.chunks] == [3]
 
 
 def test_popping_an_empty_packed_ready_raises_like_a_deque():

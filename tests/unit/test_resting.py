@@ -48,6 +48,25 @@ def test_a_backlog_at_rest_is_packed_but_its_first_chunk_without_changing_state(
     assert [m.seq for m in ready] == sorted(m.seq for m in ready)
 
 
+def test_the_tail_of_a_packed_backlog_is_packed_too(clock):
+    """The newest messages, left as objects behind the last full chunk, go at rest."""
+    broker = _broker(clock)
+    broker.pack_ready_after = 10
+    _publish(broker, 30)
+    queue = broker.queues[b"q"]
+    assert isinstance(queue.ready, PackedReady) and queue.ready.tail
+    before = broker_state(broker)
+    broker.resting.look()
+    broker.resting.look()
+    while broker.resting.pack_slice():
+        pass
+    ready = queue.ready
+    assert not ready.tail and len(ready.head) < 8
+    assert sum(c.count for c in ready.chunks) + len(ready.head) == 30
+    assert broker_state(broker) == before
+    assert [m.seq for m in ready] == sorted(m.seq for m in ready)
+
+
 def test_the_looping_call_finds_it_and_packs_it_on_the_reactor(clock):
     broker = _broker(clock)
     _publish(broker, 30)
