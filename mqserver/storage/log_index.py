@@ -62,7 +62,7 @@ class SeqIndex(dict[int, int]):
     A dict entry costs about 110 bytes (the entry, an int key, a 128-bit
     location int); a million waiting messages would cost more than their
     packed bodies.  Past ``ARCHIVE_AT`` entries the dict's go to three arrays
-    (seq, segment, offset and size: 20 bytes each), sorted by seq, where a
+    (seq, segment, offset and size: 24 bytes an entry), sorted by seq, where a
     remove marks its entry 0 and the head is skipped as acks reach it (FIFO,
     so nearly every remove is the first live entry).  Callers use the dict
     first, as C code, and the arrays only for a seq at or below ``last``.

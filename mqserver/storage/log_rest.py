@@ -1,5 +1,5 @@
 # -*- test-case-name: tests.unit.test_log_rest -*-
-"""The log index of a backlog at rest, moved to its arrays: 20 bytes a message instead of 110.
+"""The log index of a backlog at rest, moved to its arrays: 24 bytes a message instead of 110.
 
 ``SeqIndex`` keeps a queue's newest 262,144 entries in its dict (about 110
 bytes each: the entry, an int key, a 128-bit location int) because a remove
