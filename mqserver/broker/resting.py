@@ -25,11 +25,9 @@ after), and no store op.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
-
+from mqserver.atrest import SliceLoop
 from mqserver.broker.ready import CHUNK
 from mqserver.giveback import give_back
 
@@ -37,8 +35,6 @@ if TYPE_CHECKING:
     from mqserver.broker.core import Broker
     from mqserver.broker.queue import Queue
     from mqserver.model import Message
-
-log = Logger()
 
 SLICE = 8
 """Chunks packed per reactor turn (about 0.5 ms each)."""
@@ -70,33 +66,27 @@ class Resting:
         # what the first of them packed so far, let go of once it is done
         # (see PackedReady.pack_head: freed together, their memory goes back)
         self._held: list[Message] = []
-        self._slice_call: Any = None
-        self._loop = LoopingCall(self.look)
-        self._loop.clock = broker.clock
+        self._loop = SliceLoop(broker.clock, self._look, self.pack_slice, self._abandon,
+                               "ready backlogs at rest", "packing a ready backlog at rest")
 
     def start(self, interval: float) -> None:
         """Look every ``interval`` seconds (0 or less: never)."""
-        if interval > 0 and not self._loop.running:
-            self._loop.start(interval, now=False)
+        self._loop.start(interval)
 
     def stop(self) -> None:
-        if self._loop.running:
-            self._loop.stop()
-        if self._slice_call is not None and self._slice_call.active():
-            self._slice_call.cancel()
-        self._slice_call = None
+        self._loop.stop()
+        self._abandon()
+
+    def look(self) -> None:
+        """Find the queues at rest and start packing them (errors are logged, and the
+        next interval looks again)."""
+        self._loop.look()
+
+    def _abandon(self) -> None:
         self._packing.clear()
         self._held = []
 
-    def look(self) -> None:
-        """Find the queues at rest and start packing them (catches and logs its errors,
-        so the ``LoopingCall`` keeps running)."""
-        try:
-            self._look()
-        except Exception:
-            log.failure("looking for ready backlogs at rest failed; it looks again next interval")
-
-    def _look(self) -> None:
+    def _look(self) -> bool:
         least, quiet = self.least, self.quiet
         previous = self._marks
         marks: dict[Queue, int] = {}
@@ -108,20 +98,7 @@ class Resting:
             if before is not None and moved - before < quiet and queue not in self._packing:
                 self._packing.append(queue)
         self._marks = marks
-        if self._packing and self._slice_call is None:
-            self._slice_call = self.broker.clock.callLater(0, self._next_slice)
-
-    def _next_slice(self) -> None:
-        self._slice_call = None
-        try:
-            more = self.pack_slice()
-        except Exception:
-            log.failure("packing a ready backlog at rest failed; it is tried again next interval")
-            self._packing.clear()
-            self._held = []
-            return
-        if more:
-            self._slice_call = self.broker.clock.callLater(0, self._next_slice)
+        return bool(self._packing)
 
     def pack_slice(self) -> bool:
         """Pack one slice of the first queue found at rest; True while more are due."""

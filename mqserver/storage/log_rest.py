@@ -22,13 +22,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.task import LoopingCall
-from twisted.logger import Logger
-
+from mqserver.atrest import SliceLoop
 from mqserver.giveback import give_back
 from mqserver.storage.log_index import LogIndex
-
-log = Logger()
 
 SLICE = 16_384
 """Entries moved per reactor turn (about 5 ms)."""
@@ -58,32 +54,23 @@ class IndexAtRest:
         self._marks: dict[bytes, int] = {}
         # queues found at rest, moved from the first
         self._moving: list[bytes] = []
-        self._slice_call: Any = None
-        self._loop = LoopingCall(self.look)
-        self._loop.clock = clock
+        self._loop = SliceLoop(clock, self._look, self.move_slice, self._moving.clear,
+                               "a log index at rest", "moving a log index at rest")
 
     def start(self, interval: float) -> None:
         """Look every ``interval`` seconds (0 or less: never)."""
-        if interval > 0 and not self._loop.running:
-            self._loop.start(interval, now=False)
+        self._loop.start(interval)
 
     def stop(self) -> None:
-        if self._loop.running:
-            self._loop.stop()
-        if self._slice_call is not None and self._slice_call.active():
-            self._slice_call.cancel()
-        self._slice_call = None
+        self._loop.stop()
         self._moving.clear()
 
     def look(self) -> None:
-        """Find the queues at rest and start moving them (catches and logs its errors,
-        so the ``LoopingCall`` keeps running)."""
-        try:
-            self._look()
-        except Exception:
-            log.failure("looking for a log index at rest failed; it looks again next interval")
+        """Find the queues at rest and start moving them (errors are logged, and the
+        next interval looks again)."""
+        self._loop.look()
 
-    def _look(self) -> None:
+    def _look(self) -> bool:
         previous, marks = self._marks, {}
         for queue, by_seq in self.index().messages.items():
             size = len(by_seq)
@@ -95,19 +82,7 @@ class IndexAtRest:
                     and queue not in self._moving:
                 self._moving.append(queue)
         self._marks = marks
-        if self._moving and self._slice_call is None:
-            self._slice_call = self.clock.callLater(0, self._next_slice)
-
-    def _next_slice(self) -> None:
-        self._slice_call = None
-        try:
-            more = self.move_slice()
-        except Exception:
-            log.failure("moving a log index at rest failed; it is tried again next interval")
-            self._moving.clear()
-            return
-        if more:
-            self._slice_call = self.clock.callLater(0, self._next_slice)
+        return bool(self._moving)
 
     def move_slice(self) -> bool:
         """Archive one slice of the first queue found at rest; True while more are due."""

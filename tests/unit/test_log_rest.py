@@ -100,7 +100,7 @@ def test_entries_below_the_archived_ones_take_the_merging_archive():
 def test_a_failing_look_is_logged_and_looks_again(monkeypatch):
     clock = Clock()
     failures = []
-    monkeypatch.setattr("mqserver.storage.log_rest.log.failure",
+    monkeypatch.setattr("mqserver.atrest.log.failure",
                         lambda text, *a, **k: failures.append(text))
     indexes = [None]
     at_rest = IndexAtRest(clock, lambda: indexes[0], lambda: False)

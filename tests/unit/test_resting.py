@@ -151,7 +151,7 @@ def test_a_failing_look_is_logged_and_looks_again(clock, monkeypatch):
     _publish(broker, 30)
     broker.resting.start(1.0)
     failures = []
-    monkeypatch.setattr("mqserver.broker.resting.log.failure",
+    monkeypatch.setattr("mqserver.atrest.log.failure",
                         lambda text, *a, **k: failures.append(text))
     queues, broker.queues = broker.queues, None
     clock.advance(1.0)
