@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
-from twisted.logger import capturedLogs, formatEvent
+from twisted.logger import capturedLogs, formatEvent, globalLogPublisher
 
 from mqserver.broker.core import Broker
 from mqserver.protocols.phpmq import codec
@@ -67,6 +70,19 @@ class PHPMQClient:
         assert self.transport.disconnecting
         [line] = [formatEvent(e) for e in events if "closed by the server" in formatEvent(e)]
         return line
+
+
+@pytest.fixture
+def logged() -> Iterator[list[str]]:
+    """Every line logged while the test runs, formatted."""
+    lines: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        lines.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    yield lines
+    globalLogPublisher.removeObserver(observe)
 
 
 @pytest.fixture(scope="session")

@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
-
-import pytest
 from twisted.internet.task import Clock
-from twisted.logger import formatEvent, globalLogPublisher
 
 from mqserver.atrest import SliceLoop
 
@@ -39,18 +34,6 @@ class Work:
     def abandon(self) -> None:
         self.abandoned += 1
         self.pending = 0
-
-
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
 
 
 def loop_of(work: Work, clock: Clock) -> SliceLoop:

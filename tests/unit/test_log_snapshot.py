@@ -4,30 +4,15 @@ while its segments are as the clean close left them."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 import pytest_twisted
-from twisted.logger import formatEvent, globalLogPublisher
 
 from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions, Recovered
 from mqserver.storage import log_index
 from mqserver.storage.log import LogStore
 from mqserver.testing import message
-
-
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
 
 
 def index_of(store: LogStore) -> tuple[Any, ...]:

@@ -7,7 +7,6 @@ import struct
 import subprocess
 import sys
 import zlib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock
-from twisted.logger import formatEvent, globalLogPublisher
 
 from mqserver.broker.core import Broker
 from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions
@@ -50,18 +48,6 @@ class TestLogStoreNeverFsync(StoreContract):
 
     def make_store(self, path: Path) -> LogStore:
         return LogStore(path, fsync="never")
-
-
-@pytest.fixture
-def logged() -> Iterator[list[str]]:
-    lines: list[str] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        lines.append(formatEvent(event))
-
-    globalLogPublisher.addObserver(observe)
-    yield lines
-    globalLogPublisher.removeObserver(observe)
 
 
 def segments(path: Path) -> list[Path]:
