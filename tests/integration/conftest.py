@@ -163,6 +163,28 @@ def connect(mqks_server: Server, line_client) -> Callable[[], LineClient]:
 
 
 @pytest.fixture
+def packed_backlog(start_server, line_client) -> Callable[..., tuple[Server, tuple[str, ...]]]:
+    """A server (``--pack-ready-after=100`` on ``storage``) whose queue ``q`` (bound
+    to event ``e``) holds ``count`` confirmed messages ``m0``... with bodies
+    ``body 0``...: past the threshold, so they are packed.  With its arguments,
+    for a restart on the same files."""
+
+    def start(storage: str, data_dir: Path, count: int) -> tuple[Server, tuple[str, ...]]:
+        args = ("--protocol=mqks:tcp:0:interface=127.0.0.1", "--pack-ready-after=100",
+                f"--storage={storage}", f"--data-dir={data_dir}")
+        server = start_server(*args)
+        producer = line_client(server.ports["mqks"])
+        producer.send("r rebind --confirm q e")
+        assert producer.read(1) == [b"r ok "]
+        producer.send(*[f"m{n} publish e body {n}" for n in range(count)],
+                      "s publish --confirm nobody x")
+        assert producer.read(1) == [b"s ok "]
+        return server, args
+
+    return start
+
+
+@pytest.fixture
 def line_client() -> Iterator:
     """MQKS LineClients to any port, for servers started with several protocols."""
     clients: list[LineClient] = []

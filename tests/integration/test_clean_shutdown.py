@@ -10,16 +10,9 @@ HALF = COUNT // 2
 
 
 @pytest.mark.parametrize("storage", ["sqlite", "log"])
-def test_a_restart_from_the_snapshot_then_a_crash(start_server, line_client, tmp_path, storage):
-    args = ("--protocol=mqks:tcp:0:interface=127.0.0.1", "--pack-ready-after=100",
-            f"--storage={storage}", f"--data-dir={tmp_path / 'data'}")
-    server = start_server(*args)
-    producer = line_client(server.ports["mqks"])
-    producer.send("r rebind --confirm q e")
-    assert producer.read(1) == [b"r ok "]
-    producer.send(*[f"m{n} publish e body {n}" for n in range(COUNT)],
-                  "s publish --confirm nobody x")
-    assert producer.read(1) == [b"s ok "]
+def test_a_restart_from_the_snapshot_then_a_crash(packed_backlog, start_server, line_client,
+                                                  tmp_path, storage):
+    server, args = packed_backlog(storage, tmp_path / "data", COUNT)
     server.stop()
     assert "clean-shutdown snapshot" in server.text() and "written" in server.text()
 

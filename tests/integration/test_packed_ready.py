@@ -8,15 +8,9 @@ COUNT = 3000  # about three chunks past the threshold
 
 
 @pytest.mark.parametrize("storage", ["memory", "log", "sqlite"])
-def test_a_packed_backlog_is_delivered_in_order(start_server, line_client, tmp_path, storage):
-    args = ("--protocol=mqks:tcp:0:interface=127.0.0.1", "--pack-ready-after=100",
-            f"--storage={storage}", f"--data-dir={tmp_path / 'data'}")
-    server = start_server(*args)
-    producer = line_client(server.ports["mqks"])
-    producer.send("r rebind --confirm q e")
-    assert producer.read(1) == [b"r ok "]
-    producer.send(*[f"m{n} publish e body {n}" for n in range(COUNT)], "s publish --confirm nobody x")
-    assert producer.read(1) == [b"s ok "]
+def test_a_packed_backlog_is_delivered_in_order(packed_backlog, start_server, line_client,
+                                                tmp_path, storage):
+    server, args = packed_backlog(storage, tmp_path / "data", COUNT)
     if storage != "memory":
         # recovered messages come back packed (the store's Backlog); later
         # ones join the packed queue's tail
