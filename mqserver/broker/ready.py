@@ -246,7 +246,10 @@ class PackedReady:
     def insert(self, i: int, message: Message) -> None:
         """Put ``message`` before position ``i`` (``bisect.insort`` during a restore).
 
-        A message landing inside a chunk repacks just that chunk, one larger.
+        A message landing inside a chunk repacks just that chunk, one larger;
+        one that reaches twice ``chunk_size`` is split in two, so restores into
+        one stretch of a backlog never make a chunk that a pop or a lookup
+        has to unpack whole for one message.
         """
         head = self.head
         if i <= len(head):
@@ -258,8 +261,13 @@ class PackedReady:
             if i < chunk.count:
                 messages = chunk.unpack()
                 messages.insert(i, message)
-                chunks[n] = Chunk(messages)
                 self.packed += 1
+                size = self.chunk_size
+                if len(messages) < 2 * size:
+                    chunks[n] = Chunk(messages)
+                    return
+                chunks[n] = Chunk(messages[size:])
+                chunks.insert(n, Chunk(messages[:size]))
                 return
             i -= chunk.count
         self.tail.insert(i, message)

@@ -277,6 +277,22 @@ def test_restore_into_a_packed_queue_keeps_seq_order():
     assert seqs == sorted(seqs) and len(seqs) == 3 + 396 + 5
 
 
+def test_restores_into_one_chunk_split_it_before_it_doubles():
+    """Found by CI: a restore into a full chunk made it twice the size, and
+    nothing bounded how far more restores into the same stretch grow it."""
+    ready = PackedReady(deque(), 4)
+    for seq in range(0, 80, 10):
+        ready.append(Message(b"m", b"q", b"b", seq))
+    ready.append(Message(b"m", b"q", b"b", 80))
+    assert [c.count for c in ready.chunks] == [4, 4]
+    for seq in (11, 12, 13, 14, 15):
+        insort(ready, Message(b"r", b"q", b"b", seq), key=_seq)
+    assert [c.count for c in ready.chunks] == [4, 5, 4]
+    assert all(c.count < 8 for c in ready.chunks)
+    seqs = [m.seq for m in ready]
+    assert seqs == sorted(seqs) and len(seqs) == 14
+
+
 def test_the_ttl_sweep_leaves_unexpired_packed_chunks_alone():
     queue = _queue(-1, 0)
     queue.pack_ready(1)
