@@ -16,11 +16,6 @@ rest.  ``tests/unit/test_log_batch.py`` checks that both build the same index.
 
 from __future__ import annotations
 
-import heapq
-from array import array
-from bisect import bisect_left
-from collections.abc import Iterator
-from itertools import chain, islice
 from typing import Any
 
 from mqserver.model import (
@@ -34,6 +29,7 @@ from mqserver.model import (
     REQUEUE,
     UNBIND,
 )
+from mqserver.storage.log_seq_index import SeqIndex
 
 
 def loc(segment: int, offset: int, size: int) -> int:
@@ -50,128 +46,9 @@ def loc_size(location: int) -> int:
 
 
 ARCHIVE_AT = 262_144
-"""Entries a queue's ``SeqIndex`` keeps in its dict before they move to its arrays: above
-W1's 200,000-message backlog, so ordinary backlogs never pay for the arrays (a
+"""Entries a queue's ``SeqIndex`` keeps in its dict before they move to its runs: above
+W1's 200,000-message backlog, so ordinary backlogs never pay for the runs (a
 remove there is a Python call, about 1 us, where a dict's pop costs 0.1)."""
-_MASK = (1 << 64) - 1
-
-
-class SeqIndex(dict[int, int]):
-    """One queue's live messages: seq -> location, the newest in the dict itself.
-
-    A dict entry costs about 110 bytes (the entry, an int key, a 128-bit
-    location int); a million waiting messages would cost more than their
-    packed bodies.  Past ``ARCHIVE_AT`` entries the dict's go to three arrays
-    (seq, segment, offset and size: 24 bytes an entry), sorted by seq, where a
-    remove marks its entry 0 and the head is skipped as acks reach it (FIFO,
-    so nearly every remove is the first live entry).  Callers use the dict
-    first, as C code, and the arrays only for a seq at or below ``last``.
-    """
-
-    __slots__ = ("first", "last", "places", "segments", "seqs")
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.seqs = array("q")
-        self.segments = array("Q")
-        self.places = array("Q")  # offset << 32 | size; 0: removed
-        self.first = 0  # the first entry that may be live
-        self.last = -1  # the highest archived seq
-
-    def archive(self) -> None:
-        """Move the dict's entries to the arrays."""
-        items = sorted(self.items())
-        self.clear()
-        if items and items[0][0] <= self.last:  # a seq below the archived ones: merge
-            items = sorted([*self.archived(), *items])
-            self.seqs, self.segments, self.places = array("q"), array("Q"), array("Q")
-            self.first = 0
-        self.seqs.extend([seq for seq, _ in items])
-        self.segments.extend([location >> 64 for _, location in items])
-        self.places.extend([location & _MASK for _, location in items])
-        self.last = self.seqs[-1] if self.seqs else -1
-
-    def archive_oldest(self, most: int) -> None:
-        """Move the dict's oldest ``most`` entries to the arrays (a slice of a backlog
-        at rest: ``log_rest``); all of them once no more than ``most`` are left
-        (``archive``, which also frees the dict's table).
-
-        The dict's order is the order entries came in, which is seq order as
-        publishing goes; an entry at or below the archived ones (a requeue
-        into an old seq, rare) takes the merging ``archive`` instead.
-        """
-        if len(self) <= most:
-            self.archive()
-            return
-        items = sorted(islice(self.items(), most))
-        if items[0][0] <= self.last:
-            self.archive()
-            return
-        for seq, _ in items:
-            del self[seq]
-        self.seqs.extend([seq for seq, _ in items])
-        self.segments.extend([location >> 64 for _, location in items])
-        self.places.extend([location & _MASK for _, location in items])
-        self.last = items[-1][0]
-
-    def _find(self, seq: int) -> int:
-        seqs, i = self.seqs, self.first
-        if i < len(seqs) and seqs[i] == seq:
-            return i if self.places[i] else -1
-        i = bisect_left(seqs, seq, i)
-        return i if i < len(seqs) and seqs[i] == seq and self.places[i] else -1
-
-    def take(self, seq: int) -> int | None:
-        """Remove archived ``seq``; its location, or None if it is not there."""
-        i = self._find(seq)
-        if i < 0:
-            return None
-        places = self.places
-        location = (self.segments[i] << 64) | places[i]
-        places[i] = 0
-        if i == self.first:
-            end = len(places)
-            i += 1
-            while i < end and not places[i]:
-                i += 1
-            self.first = i
-            if i > 4096 and 2 * i > end:  # drop the removed head
-                del self.seqs[:i], self.segments[:i], places[:i]
-                self.first = 0
-        return location
-
-    def put_old(self, seq: int, location: int) -> int | None:
-        """Put ``seq``, at or below ``last``: moved in the arrays if archived (its old
-        location returned), else into the dict (None; ``archive`` merges it)."""
-        i = self._find(seq)
-        if i < 0:
-            self[seq] = location
-            return None
-        old = (self.segments[i] << 64) | self.places[i]
-        self.segments[i], self.places[i] = location >> 64, location & _MASK
-        return old
-
-    def location(self, seq: int) -> int | None:
-        location = self.get(seq)
-        if location is None and seq <= self.last:
-            i = self._find(seq)
-            if i >= 0:
-                location = (self.segments[i] << 64) | self.places[i]
-        return location
-
-    def archived(self) -> Iterator[tuple[int, int]]:
-        first = self.first
-        return ((seq, (segment << 64) | place) for seq, segment, place
-                in zip(islice(self.seqs, first, None), islice(self.segments, first, None),
-                       islice(self.places, first, None), strict=True) if place)
-
-    def everything(self) -> Iterator[tuple[int, int]]:
-        """Every live (seq, location), in seq order, one at a time (a million
-        tuples at once would be a hundred megabytes)."""
-        fresh = sorted(self.items())
-        if not fresh or fresh[0][0] > self.last:  # the dict holds the newest: as usual
-            return chain(self.archived(), fresh)
-        return heapq.merge(self.archived(), fresh)
 
 
 class LogIndex:

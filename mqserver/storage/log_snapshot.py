@@ -15,8 +15,13 @@ store must still know where the live copy of every message, declare,
 binding and record sits, and how many live bytes each segment holds
 (compaction and its garbage ratio, ``log_index``).  Replaying the log to
 rebuild it would cost most of what the snapshot saves, so it is kept here:
-each queue's ``SeqIndex`` as its three arrays, the few other locations as
-numbers.
+each queue's ``SeqIndex`` as its runs (``log_seq_index``: four arrays, split
+at their holes), the few other locations as numbers.
+
+**Its format.**  The section starts with ``FORMAT``; one written by a
+release that kept the index in another form (before ``FORMAT``, the
+section started with its number of segments) is refused, and the store
+replays its log, as for a stale snapshot.
 """
 
 from __future__ import annotations
@@ -37,6 +42,10 @@ Segments = list[tuple[int, int, int]]
 
 _MASK = (1 << 64) - 1
 
+FORMAT = 0x4C4F4732
+"""The section's first u32 (b"2GOL" little-endian): the index as runs.  An older
+section starts with its number of segments, far below it."""
+
 
 def segments_thd(files: SegmentFiles) -> Segments:
     found = []
@@ -49,6 +58,7 @@ def segments_thd(files: SegmentFiles) -> Segments:
 def encode(segments: Segments, next_seq: int, index: LogIndex) -> bytes:
     """The section; archives every queue's ``SeqIndex`` (the store is closing)."""
     out = SectionWriter()
+    out.u32(FORMAT)
     out.u32(len(segments))
     for number, size, mtime in segments:
         out.u64(number)
@@ -62,9 +72,13 @@ def encode(segments: Segments, next_seq: int, index: LogIndex) -> bytes:
     out.u32(len(index.messages))
     for queue, by_seq in index.messages.items():
         by_seq.archive()
+        if by_seq.holes:
+            by_seq.mend()
         first = by_seq.first
         out.blob(queue)
-        out.array(by_seq.seqs[first:])
+        out.i64(by_seq.last)
+        out.array(by_seq.starts[first:])
+        out.array(by_seq.counts[first:])
         out.array(by_seq.segments[first:])
         out.array(by_seq.places[first:])
     _locations(out, index.declares)
@@ -87,6 +101,10 @@ def _locations(out: SectionWriter, locations: dict[bytes, int]) -> None:
 def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, int], int]:
     """(index, segment sizes, next seq) from the section, if ``now`` (the segments as
     they are) is what it recorded; ``SnapshotError`` otherwise."""
+    found = section.u32()
+    if found != FORMAT:
+        raise SnapshotError(f"the log's section is in another format ({found:#x}; this "
+                            f"mqserver reads {FORMAT:#x})")
     then = [(section.u64(), section.u64(), section.u64()) for _ in range(section.count())]
     if then != now:
         raise SnapshotError("stale: the log's segments changed since")
@@ -99,11 +117,14 @@ def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, i
     for _ in range(section.count()):
         queue = section.some_blob()
         by_seq = index.messages[queue] = SeqIndex()
-        by_seq.seqs = section.array("q")
-        count = len(by_seq.seqs)
-        by_seq.segments = section.array("Q", count)
-        by_seq.places = section.array("Q", count)
-        by_seq.last = by_seq.seqs[-1] if count else -1
+        by_seq.last = section.i64()
+        by_seq.starts = section.array("q")
+        runs = len(by_seq.starts)
+        by_seq.counts = section.array("I", runs)
+        by_seq.segments = section.array("I", runs)
+        by_seq.places = section.array("Q", runs)
+        if runs and by_seq.starts[-1] + by_seq.counts[-1] - 1 > by_seq.last:
+            raise SnapshotError("a queue's index runs past its last seq")
     index.declares = _read_locations(section)
     index.bindings = {section.some_blob(): _read_locations(section)
                       for _ in range(section.count())}

@@ -1,8 +1,6 @@
-"""A queue's seq -> location index keeps its oldest entries in arrays, and answers as a dict."""
+"""The log index keeps a queue's oldest entries as runs, and answers as a dict."""
 
 from __future__ import annotations
-
-import random
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -46,17 +44,3 @@ def test_an_archived_index_answers_as_a_plain_dict_would(ops, archive_at):
     finally:
         log_index.ARCHIVE_AT = original
 
-
-def test_fifo_removes_of_a_large_archive_drop_its_head(monkeypatch):
-    monkeypatch.setattr(log_index, "ARCHIVE_AT", 5000)
-    index = LogIndex()
-    seqs = list(range(1, 3 * log_index.ARCHIVE_AT))
-    for seq in seqs:
-        index.put_message(b"q", seq, loc(1, seq * 10, 10))
-    by_seq = index.messages[b"q"]
-    assert len(by_seq.seqs) > 2 * log_index.ARCHIVE_AT and len(by_seq) < log_index.ARCHIVE_AT
-    random.seed(1)
-    for seq in seqs[:-10]:
-        assert index.remove_message(b"q", seq)
-    assert len(by_seq.seqs) < log_index.ARCHIVE_AT, "the removed head was dropped"
-    assert [seq for seq, _ in by_seq.everything()] == seqs[-10:]

@@ -4,14 +4,18 @@ while its segments are as the clean close left them."""
 from __future__ import annotations
 
 import os
+from array import array
 from pathlib import Path
 from typing import Any
 
+import pytest
 import pytest_twisted
 
 from mqserver.model import BIND, DECLARE, ENQUEUE, PUT, REMOVE, REQUEUE, QueueOptions, Recovered
-from mqserver.storage import log_index
+from mqserver.storage import log_index, log_snapshot
 from mqserver.storage.log import LogStore
+from mqserver.storage.log_index import LogIndex, loc
+from mqserver.storage.snapshot_sections import SectionReader, SectionWriter, SnapshotError
 from mqserver.testing import message
 
 
@@ -101,3 +105,75 @@ def test_no_snapshot_after_a_failed_compaction(tmp_path):
     store._compaction_failed = True
     assert not (yield store.close_clean(Recovered()))
     assert not store.snapshot_path.exists()
+
+
+def test_the_index_section_reads_back_its_runs_and_holes(tmp_path):
+    """Runs, a hole in one (split at it), runs of one, a removed head and the dict."""
+    index = LogIndex()
+    for seq in range(1, 301):
+        index.put_message(b"q", seq, loc(1, 100 * seq, 100 if seq % 100 else 90))
+    index.messages[b"q"].archive()
+    for seq in (1, 2, 50, 250):
+        assert index.remove_message(b"q", seq)
+    index.put_message(b"q", 400, loc(2, 0, 70))
+    want = list(index.messages[b"q"].everything())
+    section = log_snapshot.encode([(1, 4096, 7)], 401, index)
+    again, sizes, next_seq = log_snapshot.decode(SectionReader(section, False), [(1, 4096, 7)])
+    by_seq = again.messages[b"q"]
+    assert list(by_seq.everything()) == want and not by_seq.holes and next_seq == 401
+    assert again.live_total == index.live_total and sizes == {1: 4096}
+    assert by_seq.take(3) == loc(1, 300, 100) and by_seq.location(300) == loc(1, 30_000, 90)
+
+
+def test_an_older_or_damaged_index_section_is_refused():
+    old = SectionWriter()
+    old.u32(1)  # before FORMAT: the number of segments came first
+    for value in (1, 4096, 7, 2):
+        old.u64(value)
+    with pytest.raises(SnapshotError, match="another format"):
+        log_snapshot.decode(SectionReader(b"".join(old.parts), False), [(1, 4096, 7)])
+
+    def section(last: int, starts: list[int], counts: list[int], places: int) -> bytes:
+        out = SectionWriter()
+        out.u32(log_snapshot.FORMAT)
+        out.u32(0)  # segments
+        out.u64(1)  # next seq
+        out.u32(0)  # live bytes
+        out.u32(1)  # queues
+        out.blob(b"q")
+        out.i64(last)
+        out.array(array("q", starts))
+        out.array(array("I", counts))
+        out.array(array("I", [1] * len(starts)))
+        out.array(array("Q", [100] * places))
+        for _ in range(3):  # declares, bindings, records
+            out.u32(0)
+        return b"".join(out.parts)
+
+    index, _, _ = log_snapshot.decode(SectionReader(section(12, [3, 10], [5, 3], 2), False), [])
+    assert [seq for seq, _ in index.messages[b"q"].everything()] == [3, 4, 5, 6, 7, 10, 11, 12]
+    with pytest.raises(SnapshotError, match="runs past its last seq"):
+        log_snapshot.decode(SectionReader(section(11, [3, 10], [5, 3], 2), False), [])
+    with pytest.raises(SnapshotError, match="values for 2"):
+        log_snapshot.decode(SectionReader(section(12, [3, 10], [5, 3], 3), False), [])
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_snapshot_in_another_index_format_is_refused_and_the_log_replayed(
+        tmp_path, logged, monkeypatch):
+    store, _ = yield open_store(tmp_path)
+    for batch in ops():
+        yield store.apply(batch)
+    yield store.close()
+    store, recovered = yield open_store(tmp_path)
+    monkeypatch.setattr(log_snapshot, "FORMAT", log_snapshot.FORMAT - 1)  # an older release's
+    assert (yield store.close_clean(recovered))
+    monkeypatch.undo()
+    store, again = yield open_store(tmp_path)
+    try:
+        assert not store.from_snapshot
+        assert any("another format" in line and "replaying" in line for line in logged)
+        assert [m.seq for m in again.queues[b"r"].messages] == \
+            [m.seq for m in recovered.queues[b"r"].messages]
+    finally:
+        yield store.close()
