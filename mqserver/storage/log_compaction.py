@@ -37,9 +37,10 @@ from mqserver.storage.worker import StoreThread
 log = Logger()
 
 LOOKUP_MESSAGES = 100_000
-"""Live messages in the whole index up to which compaction looks a head's live
-messages up in it (a walk of them all, ~10 ms per 100,000) rather than scanning the
-head (~1 s of CPU for a 64 MiB segment)."""
+"""Steps up to which compaction looks a head's live messages up in the index (a
+walk of every queue's dict entries and archived runs, ~10 ms per 100,000:
+``SeqIndex.locations_in``) rather than scanning the head (~1 s of CPU for a 64
+MiB segment)."""
 
 
 class Compaction:
@@ -145,8 +146,9 @@ class Compaction:
         them parses every record in it (about a second of CPU, taken from the
         broker through the GIL, in the middle of whatever load is running);
         the index already knows where they are.  Non-message records are few,
-        so they are always looked up; messages only while the index holds at
-        most ``LOOKUP_MESSAGES`` of them, since that walks them all.
+        so they are always looked up; messages only while walking the index
+        takes at most ``LOOKUP_MESSAGES`` steps (an entry of a queue's dict, a
+        run of its archived ones).
         """
         index, spans, found = self._index, [], 0
         for location in chain(index.declares.values(),
@@ -156,11 +158,11 @@ class Compaction:
                 spans.append(location)
                 found += location & 0xFFFFFFFF
         if found < index.live.get(head, 0):
-            if sum(map(len, index.messages.values())) > LOOKUP_MESSAGES:
+            if sum(by_seq.lookup_cost() for by_seq in index.messages.values()) \
+                    > LOOKUP_MESSAGES:
                 return None
             for by_seq in index.messages.values():
-                spans += [location for _, location in by_seq.everything()
-                          if location >> 64 == head]
+                spans += by_seq.locations_in(head)
         return sorted(((location >> 32) & 0xFFFFFFFF, location & 0xFFFFFFFF)
                       for location in spans)
 

@@ -323,6 +323,24 @@ class SeqIndex(dict[int, int]):
         return _entries(self.starts, self.counts, self.segments, self.places, self.first,
                         self.holes)
 
+    def locations_in(self, segment: int) -> list[int]:
+        """Every live location in ``segment`` (compaction's head), a run at a time."""
+        found = [location for location in self.values() if location >> 64 == segment]
+        holes = self.holes
+        for start, n, in_segment, place in zip(
+                islice(self.starts, self.first, None), islice(self.counts, self.first, None),
+                islice(self.segments, self.first, None), islice(self.places, self.first, None),
+                strict=True):
+            if in_segment == segment and n:
+                base, step = (segment << 64) | place, (place & _SIZE) << 32
+                found += (base + (seq - start) * step for seq in range(start, start + n)
+                          if seq not in holes)
+        return found
+
+    def lookup_cost(self) -> int:
+        """The steps ``locations_in`` takes: an entry of the dict, a run."""
+        return len(self) + len(self.starts) - self.first
+
     def archived_count(self) -> int:
         return sum(islice(self.counts, self.first, None)) - len(self.holes)
 

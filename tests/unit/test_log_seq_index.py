@@ -99,6 +99,9 @@ class Model:
             assert by_seq.archived_count() + len(by_seq) == len(self.model)
             assert all(seq <= by_seq.last for seq, _ in by_seq.archived())
             assert list(by_seq.starts) == sorted(by_seq.starts)
+            for segment in {location >> 64 for location in self.model.values()}:
+                assert sorted(by_seq.locations_in(segment)) == sorted(
+                    location for location in self.model.values() if location >> 64 == segment)
 
 
 def _with(names: dict[str, tuple[Any, int]], run: Any) -> None:

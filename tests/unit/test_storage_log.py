@@ -518,6 +518,30 @@ def test_a_mostly_dead_head_is_compacted_from_the_index_without_a_scan(
 
 
 @pytest_twisted.inlineCallbacks
+def test_an_archived_backlog_in_the_head_is_looked_up_a_run_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Any:
+    """300 live messages archived as a run cost one step of the walk, not 300:
+    the head is not scanned, and the copies are a run per slice copied."""
+    monkeypatch.setattr(log_compaction, "LOOKUP_MESSAGES", 20)
+    store = LogStore(tmp_path, fsync="never", segment_bytes=64 * 1024)
+    scans = head_scans(monkeypatch, store)
+    yield store.open()
+    backlog = [message(n, queue=b"b", body=b"%03d" % n * 30) for n in range(1, 301)]
+    yield store.apply([(DECLARE, b"q", QueueOptions()), *((ENQUEUE, m) for m in backlog)])
+    by_seq = store._index.messages[b"b"]
+    by_seq.archive()
+    yield churn(store, 301, segments_deleted=1)
+    assert scans == [] and store.records_copied >= 300
+    runs = [count for count in by_seq.counts[by_seq.first:] if count]
+    assert sum(runs) == 300 and len(runs) <= 3
+    yield store.close()
+    recovered, _ = yield recover(tmp_path)
+    assert [m.as_tuple() for m in recovered.queues[b"b"].messages] == \
+        [m.as_tuple() for m in backlog]
+
+
+@pytest_twisted.inlineCallbacks
 def test_a_head_with_live_messages_in_a_big_index_is_scanned(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Any:
