@@ -2,7 +2,7 @@
 """A look every interval, then one bounded slice of work per reactor turn until it is done.
 
 Packing a ready backlog at rest (``mqserver.broker.resting``) and moving a log
-index at rest to its arrays (``mqserver.storage.log_rest``) both find their
+index at rest to its runs (``mqserver.storage.log_rest``) both find their
 work on a timer and then do it a slice at a time, so the reactor never
 stalls on a million messages.  ``SliceLoop`` owns that schedule; its owner
 keeps what it found and knows how a slice is done.  Both calls catch and

@@ -211,7 +211,7 @@ class LogStoragePlugin:
             reactor,
             fsync=str(config.get("fsync", "interval:50")),
             segment_bytes=int(config.get("log-segment-mb", 64)) * 1024 * 1024,
-            # a backlog at rest: its index goes to arrays as the broker packs it
+            # a backlog at rest: its index goes to runs as the broker packs it
             index_at_rest=float(config.get("pack-at-rest", 1.0)),
         )
 

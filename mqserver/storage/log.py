@@ -24,7 +24,7 @@ Kafka's segments (``docs/storage.md``):
   failed write the file may hold half a batch in its middle, and the index
   no longer matches the disk.  Restarting recovers from the file.
 - **Compaction** lives in ``log_compaction`` (the ``Compaction`` mixin).
-- **A backlog at rest** has its index moved to compact arrays
+- **A backlog at rest** has its index archived as compact runs
   (``log_rest``, every ``index_at_rest`` seconds on the injected clock).
 """
 

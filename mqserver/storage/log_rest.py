@@ -1,16 +1,16 @@
 # -*- test-case-name: tests.unit.test_log_rest -*-
-"""The log index of a backlog at rest, moved to its arrays: 24 bytes a message instead of 110.
+"""The log index of a backlog at rest, archived as runs (``log_seq_index``) instead of a dict.
 
 ``SeqIndex`` keeps a queue's newest 262,144 entries in its dict (about 110
 bytes each: the entry, an int key, a 128-bit location int) because a remove
-there is a C dict's pop, where the arrays take a Python call: moving them
+there is a C dict's pop, where the runs take a Python call: moving them
 earlier cost W3 about 17 % (a 200,000-message backlog published, then acked).
 A backlog nobody publishes to or acks gains nothing from the dict, though.
 
 ``IndexAtRest`` looks at the index once per interval (a ``LoopingCall`` on
 the store's clock): a queue whose dict holds at least ``least`` entries and
 changed by fewer than ``quiet`` since the previous look is at rest, and its
-dict goes to the arrays ``SLICE`` entries per reactor turn (a few ms), so the
+dict goes to the runs ``SLICE`` entries per reactor turn (a few ms), so the
 reactor never stalls on a million entries.  It runs on the reactor thread,
 as every index update does, and never while a compaction runs.  Nothing on
 disk changes: only where the index keeps what it knows.  Once every queue

@@ -42,12 +42,10 @@ SPLIT_RUNS = 4096
 the run arrays, moving the runs after it); past that it goes to the dict."""
 
 
-def _entries(starts: array[int], counts: array[int], segments: array[int],
-             places: array[int], first: int, holes: set[int]) -> Iterator[tuple[int, int]]:
-    """Every live (seq, location) of the runs from ``first``, in seq order."""
-    for start, n, segment, place in zip(islice(starts, first, None), islice(counts, first, None),
-                                        islice(segments, first, None),
-                                        islice(places, first, None), strict=True):
+def _entries(runs: Iterator[tuple[int, int, int, int]],
+             holes: set[int]) -> Iterator[tuple[int, int]]:
+    """Every live (seq, location) of ``runs`` (``SeqIndex.runs``), in seq order."""
+    for start, n, segment, place in runs:
         pairs = zip(range(start, start + n), count((segment << 64) | place, (place & _SIZE) << 32))
         if holes:
             yield from ((seq, location) for seq, location in pairs if seq not in holes)
@@ -86,8 +84,7 @@ class SeqIndex(dict[int, int]):
         if not items:
             return
         if items[0][0] <= self.last:  # a seq below the archived ones: merge
-            old = _entries(self.starts, self.counts, self.segments, self.places, self.first,
-                           self.holes)
+            old = _entries(self.runs(), self.holes)
             self.starts, self.counts = array("q"), array("I")
             self.segments, self.places = array("I"), array("Q")
             self.holes, self.first = set(), 0
@@ -238,10 +235,7 @@ class SeqIndex(dict[int, int]):
         holes = sorted(self.holes)
         starts, counts, segments, places = array("q"), array("I"), array("I"), array("Q")
         h, end_h = 0, len(holes)
-        for start, n, segment, place in zip(
-                islice(self.starts, self.first, None), islice(self.counts, self.first, None),
-                islice(self.segments, self.first, None), islice(self.places, self.first, None),
-                strict=True):
+        for start, n, segment, place in self.runs():
             end, step = start + n, (place & _SIZE) << 32
             while h < end_h and holes[h] < end:
                 hole = holes[h]
@@ -318,19 +312,23 @@ class SeqIndex(dict[int, int]):
                 location = self._location(r, seq)
         return location
 
+    def runs(self) -> Iterator[tuple[int, int, int, int]]:
+        """(first seq, count, segment, offset << 32 | size of its first frame) of
+        every run from the first that may be live (a count may be 0)."""
+        first = self.first
+        return zip(islice(self.starts, first, None), islice(self.counts, first, None),
+                   islice(self.segments, first, None), islice(self.places, first, None),
+                   strict=True)
+
     def archived(self) -> Iterator[tuple[int, int]]:
         """Every archived (seq, location), in seq order, one at a time."""
-        return _entries(self.starts, self.counts, self.segments, self.places, self.first,
-                        self.holes)
+        return _entries(self.runs(), self.holes)
 
     def locations_in(self, segment: int) -> list[int]:
         """Every live location in ``segment`` (compaction's head), a run at a time."""
         found = [location for location in self.values() if location >> 64 == segment]
         holes = self.holes
-        for start, n, in_segment, place in zip(
-                islice(self.starts, self.first, None), islice(self.counts, self.first, None),
-                islice(self.segments, self.first, None), islice(self.places, self.first, None),
-                strict=True):
+        for start, n, in_segment, place in self.runs():
             if in_segment == segment and n:
                 base, step = (segment << 64) | place, (place & _SIZE) << 32
                 found += (base + (seq - start) * step for seq in range(start, start + n)
