@@ -240,7 +240,7 @@ class SeqIndex(dict[int, int]):
             while h < end_h and holes[h] < end:
                 hole = holes[h]
                 h += 1
-                if hole < start:  # in no run (not kept so; never there)
+                if hole < start:  # a hole is always inside a run: a stray one is dropped
                     continue
                 if hole > start:
                     starts.append(start)

@@ -7,9 +7,10 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mqserver.storage import log_index, log_seq_index
+from mqserver.storage import log_index, log_seq_index, log_snapshot
 from mqserver.storage.log_index import LogIndex, loc
 from mqserver.storage.log_seq_index import SeqIndex
+from mqserver.storage.snapshot_sections import SectionReader
 
 OPS = st.lists(st.tuples(
     st.sampled_from(["put", "put", "put", "put", "burst", "remove", "head", "head", "tail",
@@ -128,6 +129,13 @@ def test_the_runs_answer_as_a_plain_dict_would(ops, archive_at, holes, split_run
         for op, n in ops:
             model.apply(op, n)
             assert not model.index.remove_message(b"q", model.seq + 1)
+            model.check()
+        # the clean-shutdown snapshot's section (``log_snapshot``) gives it back
+        section = log_snapshot.encode([], model.seq + 1, model.index)
+        model.index, _, _ = log_snapshot.decode(SectionReader(section, False), [])
+        model.check()
+        for seq in sorted(model.model):
+            model.remove(seq)
             model.check()
 
     _with({"ARCHIVE_AT": (log_index, archive_at), "HOLES": (log_seq_index, holes),
