@@ -265,6 +265,15 @@ class Chunk:
             else _numbers("q", [retries] * count if type(retries) is int else retries)
         return chunk
 
+    # a chunk read from a clean-shutdown snapshot when needed
+    # (``mqserver.storage.snapshot_chunks.MappedChunk``) is unchecked until
+    # its bytes were read and their checksum verified
+    unchecked = False
+
+    def check(self) -> str | None:
+        """None if the chunk's messages can be read; else why not (a damaged snapshot)."""
+        return None
+
     def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
         """Hold ``queue`` and the interned event and source (``share_recovered_values``)."""
         if type(self.queues) is not list:
@@ -356,6 +365,13 @@ class Backlog:
     def __len__(self) -> int:
         return self.packed + len(self.tail)
 
+    def settle(self) -> list[Chunk]:
+        """Check every chunk (``Chunk.check``) and set aside those that cannot be
+        read: returns them, and this holds the rest."""
+        self.chunks, damaged = sound_chunks(self.chunks)
+        self.packed -= sum(chunk.count for chunk in damaged)
+        return damaged
+
     def __iter__(self) -> Iterator[Message]:
         for chunk in self.chunks:
             yield from chunk.unpack()
@@ -373,6 +389,22 @@ class Backlog:
 
     def __repr__(self) -> str:
         return f"<Backlog {len(self)} messages, {len(self.chunks)} chunks>"
+
+
+def sound_chunks(chunks: Iterable[Chunk]) -> tuple[list[Chunk], list[Chunk]]:
+    """(the chunks that can be read, those that cannot), each in order."""
+    sound: list[Chunk] = []
+    damaged: list[Chunk] = []
+    for chunk in chunks:
+        (sound if chunk.check() is None else damaged).append(chunk)
+    return sound, damaged
+
+
+def check_thd(chunks: Iterable[Chunk]) -> None:
+    """``Chunk.check`` each of ``chunks``: a thread's work (a snapshot chunk's read
+    and checksum leave the GIL), so the reactor's first look finds it done."""
+    for chunk in chunks:
+        chunk.check()
 
 
 def expiries(messages: Iterable[Message]) -> list[float]:

@@ -58,6 +58,8 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         self.pack_chunk = CHUNK
         # packed queues whose tail waits for the writer to let go (see _catch_up)
         self._lagging: set[Queue] = set()
+        # messages of damaged snapshot chunks set aside (``withhold``)
+        self.withheld = 0
         self._catch_up_call: Any = None
         self.queues: dict[bytes, Queue] = {}
         # packs backlogs nobody touches (started by the service: --pack-at-rest)
@@ -115,11 +117,35 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
             if not isinstance(messages, Backlog):  # a Backlog is in order, and packed
                 messages = sorted(messages, key=_seq)
             for expires_at in queue.load(messages, self.pack_ready_after, self.pack_chunk,
-                                         self._lagging):
+                                         self._lagging, self.withhold):
                 heapq.heappush(self._expiry, (expires_at, rq.name))
         self._seq = max(self._seq, recovered.next_seq)
         for namespace, values in recovered.records.items():
             self.records.setdefault(namespace, {}).update(values)
+
+    def withhold(self, chunks: list[Any]) -> None:
+        """Snapshot chunks that cannot be read (``Chunk.check``), already out of
+        their queue: logged, and counted so that this process writes no
+        snapshot at its stop.  Their messages are still in the store, which
+        the next start then replays: nothing is lost, and nothing damaged is
+        delivered."""
+        for chunk in chunks:
+            self.withheld += chunk.count
+            log.error("clean-shutdown snapshot: {which} cannot be read ({why}); withheld "
+                      "until the next start, which replays the store (no snapshot is written "
+                      "at this stop)", which=chunk.describe(), why=chunk.check())
+
+    def unchecked_chunks(self) -> list[Any]:
+        """The snapshot chunks not checked yet of every queue (``PackedReady.settle``)."""
+        return [chunk for queue in self.queues.values() if isinstance(queue.ready, PackedReady)
+                and queue.ready.unsettled for chunk in queue.ready.chunks if chunk.unchecked]
+
+    def settle(self) -> None:
+        """``PackedReady.settle`` every queue that has not yet: once its chunks were
+        checked in a thread, a damaged one is reported now, not at its first read."""
+        for queue in self.queues.values():
+            if isinstance(queue.ready, PackedReady) and queue.ready.unsettled:
+                queue.ready.settle()
 
     def _repack(self, queue: Queue) -> None:
         """``Queue.pack_ready`` with this broker's settings (once ``enqueued`` reaches

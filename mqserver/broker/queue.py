@@ -6,13 +6,13 @@ from __future__ import annotations
 import sys
 from bisect import insort
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
 from mqserver.broker.ready import CHUNK, PackedReady, take_expired
 from mqserver.model import Message, QueueOptions
-from mqserver.packed import Backlog, expiries
+from mqserver.packed import Backlog, Chunk, expiries
 
 
 class Queue:
@@ -107,21 +107,29 @@ class Queue:
                 insort(ready, message, key=_seq)
 
     def load(self, messages: list[Message] | Backlog, threshold: int, chunk: int = CHUNK,
-             lagging: set[Queue] | None = None) -> list[float]:
+             lagging: set[Queue] | None = None,
+             withheld: Callable[[list[Chunk]], object] | None = None) -> list[float]:
         """Take a recovered backlog (in seq order) into this new, empty queue.
 
         Past ``threshold`` (``--pack-ready-after``) it stays packed: a store's
         ``Backlog`` as its chunks are, a list packed here, as live publishing
         would have packed it; a restart must not hold a big backlog as a
         million objects where the broker before it held chunks.  Returns the
-        messages' expiry times, for the broker's sweep.
+        messages' expiry times, for the broker's sweep.  Snapshot chunks that
+        cannot be read go to ``withheld`` (``PackedReady.settle``): when
+        this queue unpacks them, or once it first reads one when packed.
         """
+        small = not 0 < threshold < len(messages)
+        if small and isinstance(messages, Backlog):
+            damaged = messages.settle()
+            if damaged and withheld is not None:
+                withheld(damaged)
         times = expiries(messages)
         self.ttl_ready += len(times)
-        if not 0 < threshold < len(messages):
+        if small:
             self.ready = deque(messages)
         elif isinstance(messages, Backlog):
-            self.ready = PackedReady.of_backlog(messages, chunk, _lag(self, lagging))
+            self.ready = PackedReady.of_backlog(messages, chunk, _lag(self, lagging), withheld)
         else:
             self.ready = PackedReady.of(list(messages), threshold, chunk, _lag(self, lagging))
         return times

@@ -26,7 +26,7 @@ from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 
 from mqserver.model import Message
-from mqserver.packed import CHUNK, Backlog, Chunk
+from mqserver.packed import CHUNK, Backlog, Chunk, sound_chunks
 
 __all__ = ["CHUNK", "PACK_READY_AFTER", "Chunk", "PackedReady", "take_expired"]
 
@@ -48,7 +48,8 @@ class PackedReady:
     copied) and swaps back once no chunk is left and it is small again.
     """
 
-    __slots__ = ("chunk_size", "chunks", "head", "on_lag", "packed", "tail")
+    __slots__ = ("chunk_size", "chunks", "head", "on_lag", "on_withheld", "packed", "tail",
+                 "unsettled")
 
     def __init__(self, head: deque[Message], chunk_size: int = CHUNK,
                  on_lag: Callable[[], object] | None = None) -> None:
@@ -59,6 +60,10 @@ class PackedReady:
         self.tail: deque[Message] = deque()
         # called when packing waits for a durable store's writer (see _pack)
         self.on_lag = on_lag
+        # chunks read from a snapshot when needed are checked before any is
+        # read (``settle``); those that cannot be go to ``on_withheld``
+        self.unsettled = False
+        self.on_withheld: Callable[[list[Chunk]], object] | None = None
 
     @classmethod
     def of(cls, messages: list[Message], keep: int, chunk_size: int = CHUNK,
@@ -79,18 +84,43 @@ class PackedReady:
 
     @classmethod
     def of_backlog(cls, backlog: Backlog, chunk_size: int = CHUNK,
-                   on_lag: Callable[[], object] | None = None) -> PackedReady:
-        """A store's recovered ``Backlog``, its chunks taken as they are."""
+                   on_lag: Callable[[], object] | None = None,
+                   on_withheld: Callable[[list[Chunk]], object] | None = None) -> PackedReady:
+        """A store's recovered ``Backlog``, its chunks taken as they are.
+
+        Chunks a snapshot reads when needed (``Chunk.unchecked``) are counted
+        at once and checked before the first of them is read: ``settle``."""
         ready = cls(deque(), chunk_size, on_lag)
         ready.chunks.extend(backlog.chunks)
         ready.packed = backlog.packed
         ready.tail.extend(backlog.tail)
+        ready.on_withheld = on_withheld
+        ready.unsettled = any(chunk.unchecked for chunk in backlog.chunks)
         return ready
+
+    def settle(self) -> None:
+        """Check every chunk not checked yet; set aside those that cannot be read.
+
+        Called before anything reads a message or asks whether any is ready,
+        so a damaged snapshot chunk is found here, where taking it out is
+        clean, and never halfway through a pop or a lookup: its messages
+        leave the count and go to ``on_withheld``.  Cheap once the broker's
+        service checked them in its thread (``snapshot_chunks.check_thd``).
+        """
+        self.unsettled = False
+        sound, damaged = sound_chunks(self.chunks)
+        if damaged:
+            self.chunks = deque(sound)
+            self.packed -= sum(chunk.count for chunk in damaged)
+            if self.on_withheld is not None:
+                self.on_withheld(damaged)
 
     def __len__(self) -> int:
         return len(self.head) + self.packed + len(self.tail)
 
     def __bool__(self) -> bool:
+        if self.unsettled:
+            self.settle()
         return bool(self.head or self.chunks or self.tail)
 
     def append(self, message: Message) -> None:
@@ -180,6 +210,8 @@ class PackedReady:
         queue that a trickle of publishes keeps at rest does not grow a chunk
         per look.
         """
+        if self.unsettled:
+            self.settle()
         tail, size, chunks = self.tail, self.chunk_size, self.chunks
         for _ in range(most):
             count = min(size, len(tail))
@@ -202,6 +234,8 @@ class PackedReady:
 
     def popleft(self) -> Message:
         if not self.head:
+            if self.unsettled:
+                self.settle()
             self._refill()
         return self.head.popleft()
 
@@ -221,6 +255,8 @@ class PackedReady:
         self.tail.clear()
 
     def __iter__(self) -> Iterator[Message]:
+        if self.unsettled:
+            self.settle()
         yield from self.head
         for chunk in self.chunks:
             yield from chunk.unpack()
@@ -228,6 +264,8 @@ class PackedReady:
 
     def __getitem__(self, i: int) -> Message:
         """Message ``i`` (negative from the end), unpacking only that one."""
+        if self.unsettled:
+            self.settle()
         size = len(self)
         if i < 0:
             i += size
@@ -251,6 +289,8 @@ class PackedReady:
         one stretch of a backlog never make a chunk that a pop or a lookup
         has to unpack whole for one message.
         """
+        if self.unsettled:
+            self.settle()
         head = self.head
         if i <= len(head):
             head.insert(i, message)
@@ -278,6 +318,8 @@ class PackedReady:
         The head deque itself is returned, so going back to a plain deque
         copies only the tail (at most ``CHUNK`` messages) once no chunk is left.
         """
+        if self.unsettled:
+            self.settle()
         head = self.head
         for chunk in self.chunks:
             head.extend(chunk.unpack())

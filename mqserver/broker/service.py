@@ -11,11 +11,13 @@ from typing import Any
 from twisted.application.service import MultiService
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks
 from twisted.internet.task import LoopingCall
+from twisted.internet.threads import deferToThreadPool
 from twisted.logger import Logger
 
 from mqserver.broker.core import Broker
 from mqserver.broker.saving import durable_state
 from mqserver.interfaces import ICleanShutdown, IClientConnection, IFlowControlled
+from mqserver.packed import check_thd
 
 log = Logger()
 
@@ -89,6 +91,20 @@ class BrokerService(MultiService):
         for service in self:
             service.startService()
         self.ready.callback(None)
+        self._check_recovered()
+
+    def _check_recovered(self) -> None:
+        """Read and check the snapshot chunks recovered unread, in a thread, now
+        that the broker serves (``mqserver.storage.snapshot_chunks``): a queue's
+        first delivery then finds its chunks checked, and a damaged one is
+        reported at once, not when it would have been read."""
+        chunks = self.broker.unchecked_chunks()
+        reactor = self.broker.clock
+        if not chunks or not hasattr(reactor, "getThreadPool"):
+            return  # each queue checks its own at its first read
+        d = deferToThreadPool(reactor, reactor.getThreadPool(), check_thd, chunks)
+        d.addCallback(lambda _: self.broker.settle())
+        d.addErrback(lambda f: log.failure("checking the snapshot's chunks failed", f))
 
     def _start_failed(self, failure: Any) -> None:
         self.storage_error = failure.getErrorMessage()
@@ -139,9 +155,13 @@ class BrokerService(MultiService):
             writer.stop()
         store = self.broker.store
         clean = ICleanShutdown(store, None)
-        if clean is not None and writer is not None and writer.settled:
+        if clean is not None and writer is not None and writer.settled \
+                and not self.broker.withheld:
             saved = yield clean.close_clean(durable_state(self.broker))
         else:
+            if self.broker.withheld:
+                log.warn("no clean-shutdown snapshot: {n} messages of a damaged one were "
+                         "withheld, and the next start replays the store", n=self.broker.withheld)
             saved = False
             yield store.close()
         log.info("stopped: store closed with {ready} messages ready{how}",

@@ -38,29 +38,30 @@ import os
 import struct
 import sys
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from mqserver.model import Recovered
 from mqserver.packed import Backlog, Chunk, share_recovered_values
+from mqserver.storage.snapshot_chunks import MappedChunk, SnapshotFile
 from mqserver.storage.snapshot_sections import (
+    ChunkEntry,
     SectionReader,
     SectionWriter,
     SnapshotError,
-    StreamedSection,
     chunk_section,
     chunks_of,
-    read_chunk,
+    entry_of,
     read_state,
     state_section,
 )
 
 FILENAME = "mqserver.snapshot"
-VERSION = 1
+VERSION = 2
 MAGIC = b"MQSRVSNP"
-_HEADER = struct.Struct("<8sHHIQQ")
+_HEADER = struct.Struct("<8sHHIQQQ")
 _CRC = struct.Struct("<I")
 HEADER_SIZE = _HEADER.size + _CRC.size
 _SECTION = struct.Struct("<QI")
@@ -77,20 +78,26 @@ class Snapshot:
     extra: Any  # what the store's ``accept`` made of its section
 
 
-
 def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> int:
     """Write the snapshot atomically (a temporary file, fsync, rename, fsync of the
     directory); returns its size.  Runs in a store's thread: it blocks."""
     chunks = {name: chunks_of(rq.messages) for name, rq in recovered.queues.items()}
-    sections: Iterator[SectionWriter] = _sections(recovered, chunks, extra)
-    count = 2 + sum(map(len, chunks.values()))
+    entries: dict[bytes, list[ChunkEntry]] = {}
     tmp = path.with_name(path.name + ".tmp")
-    size = HEADER_SIZE
     with open(tmp, "wb") as f:
         f.write(bytes(HEADER_SIZE))
-        for out in sections:
-            size += _write_section(f, out.parts)
-        header = _HEADER.pack(MAGIC, VERSION, _FLAGS, count, token, size - HEADER_SIZE)
+        size = HEADER_SIZE + _write_section(f, [extra])[0]
+        for name, queue_chunks in chunks.items():
+            listed = entries[name] = []
+            for chunk in queue_chunks:
+                length, crc = _write_section(f, chunk_section(chunk).parts)
+                listed.append(entry_of(chunk, length - _SECTION.size, crc))
+                size += length
+        state_at = size
+        size += _write_section(f, state_section(recovered, entries).parts)[0]
+        count = 2 + sum(map(len, chunks.values()))
+        header = _HEADER.pack(MAGIC, VERSION, _FLAGS, count, token, size - HEADER_SIZE,
+                              state_at)
         f.seek(0)
         f.write(header + _CRC.pack(zlib.crc32(header)))
         f.flush()
@@ -100,18 +107,8 @@ def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> i
     return size
 
 
-def _sections(recovered: Recovered, chunks: dict[bytes, list[Chunk]],
-              extra: bytes) -> Iterator[SectionWriter]:
-    out = SectionWriter()
-    out.parts.append(extra)
-    yield out
-    yield state_section(recovered, chunks)
-    for name in recovered.queues:
-        for chunk in chunks[name]:
-            yield chunk_section(chunk)
-
-
-def _write_section(f: BinaryIO, parts: list[bytes | memoryview]) -> int:
+def _write_section(f: BinaryIO, parts: list[bytes | memoryview]) -> tuple[int, int]:
+    """(bytes written, the payload's crc32)."""
     crc = length = 0
     for part in parts:
         crc = zlib.crc32(part, crc)
@@ -119,7 +116,7 @@ def _write_section(f: BinaryIO, parts: list[bytes | memoryview]) -> int:
     f.write(_SECTION.pack(length, crc))
     for part in parts:
         f.write(part)
-    return _SECTION.size + length
+    return _SECTION.size + length, crc
 
 
 def fsync_directory(directory: Path) -> None:
@@ -157,34 +154,12 @@ def discard_after_open(path: Path) -> str | None:
 
 
 
-class _File:
-    """Sections of an open snapshot, each checked before it is parsed."""
-
-    def __init__(self, f: BinaryIO, left: int, flags: int) -> None:
-        self.f = f
-        self.left = left
-        self.swap = flags != _FLAGS
-
-    def section(self) -> SectionReader:
-        """The next section, read as it is parsed (each value copied once); its
-        checksum is checked by its reader's ``end``."""
-        head = self.f.read(_SECTION.size)
-        if len(head) != _SECTION.size:
-            raise SnapshotError("truncated: a section header is cut off")
-        length, crc = _SECTION.unpack(head)
-        self.left -= _SECTION.size
-        if length > self.left:
-            raise SnapshotError(f"truncated: a section of {length} bytes, {self.left} left")
-        self.left -= length
-        return StreamedSection(self.f, length, crc, self.swap)
-
-
-def read_header(f: BinaryIO) -> tuple[int, int, int, int]:
-    """(flags, sections, token, body bytes) of an open snapshot; SnapshotError if it is none."""
-    data = f.read(HEADER_SIZE)
+def read_header(data: bytes) -> tuple[int, int, int, int, int]:
+    """(flags, sections, token, body bytes, state at) of a snapshot's first
+    ``HEADER_SIZE`` bytes; SnapshotError if they are none."""
     if len(data) != HEADER_SIZE:
         raise SnapshotError("truncated: no complete header")
-    magic, version, flags, sections, token, body = _HEADER.unpack_from(data)
+    magic, version, flags, sections, token, body, state_at = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise SnapshotError("not an mqserver snapshot")
     if _CRC.unpack_from(data, _HEADER.size)[0] != zlib.crc32(data[:_HEADER.size]):
@@ -193,7 +168,7 @@ def read_header(f: BinaryIO) -> tuple[int, int, int, int]:
         raise SnapshotError(f"format version {version}; this mqserver reads {VERSION}")
     if flags & ~_BIG_ENDIAN:
         raise SnapshotError(f"unknown flags {flags:#x}")
-    return flags, sections, token, body
+    return flags, sections, token, body, state_at
 
 
 def read(path: Path, token: int | None = None,
@@ -201,40 +176,76 @@ def read(path: Path, token: int | None = None,
     """The snapshot at ``path``; with ``token``, only if it is the one the store
     marked.  ``accept`` gets the store's section, first: it raises
     ``SnapshotError`` if the store's files changed since, and what it returns
-    is the ``Snapshot``'s ``extra``; the messages are read only then.  Raises
-    ``SnapshotError`` (or ``OSError``) when the snapshot cannot be used."""
-    with open(path, "rb") as f:
-        size = os.fstat(f.fileno()).st_size
-        flags, sections, found, body = read_header(f)
-        if token is not None and found != token:
-            raise SnapshotError("stale: the store was not closed with this snapshot")
-        if body != size - HEADER_SIZE:
-            raise SnapshotError(f"truncated or extended: {size - HEADER_SIZE} body bytes, "
-                                f"the header says {body}")
-        try:
-            return _read_body(_File(f, body, flags), sections, found, accept)
-        except (struct.error, ValueError, OverflowError, UnicodeDecodeError,
-                RecursionError) as e:
-            raise SnapshotError(f"malformed: {e}") from e
+    is the ``Snapshot``'s ``extra``; the state is read only then.  Raises
+    ``SnapshotError`` (or ``OSError``) when the snapshot cannot be used.
+
+    The chunks without TTLs are ``MappedChunk``\\ s, read and checked when
+    needed (``snapshot_chunks``): a damaged one is found then, not here."""
+    file = SnapshotFile(path)
+    size = file.size()
+    flags, sections, found, body, state_at = read_header(file.read(0, min(size, HEADER_SIZE)))
+    if token is not None and found != token:
+        raise SnapshotError("stale: the store was not closed with this snapshot")
+    if body != size - HEADER_SIZE:
+        raise SnapshotError(f"truncated or extended: {size - HEADER_SIZE} body bytes, "
+                            f"the header says {body}")
+    file.swap = flags != _FLAGS
+    try:
+        return _read_body(file, sections, found, state_at, accept)
+    except (struct.error, ValueError, OverflowError, UnicodeDecodeError,
+            RecursionError) as e:
+        raise SnapshotError(f"malformed: {e}") from e
 
 
-def _read_body(f: _File, sections: int, token: int,
+def _section(file: SnapshotFile, offset: int, end: int) -> tuple[SectionReader, int]:
+    """The checked section at ``offset`` (it must end by ``end``), and where it ends."""
+    if offset + _SECTION.size > end:
+        raise SnapshotError("truncated: a section header is cut off")
+    length, crc = _SECTION.unpack(file.read(offset, _SECTION.size))
+    start = offset + _SECTION.size
+    if length > end - start:
+        raise SnapshotError(f"truncated: a section of {length} bytes, {end - start} left")
+    payload = file.read(start, length)
+    if zlib.crc32(payload) != crc:
+        raise SnapshotError("a section fails its checksum")
+    return SectionReader(payload, file.swap), start + length
+
+
+def _read_body(file: SnapshotFile, sections: int, token: int, state_at: int,
                accept: Callable[[SectionReader], Any] | None) -> Snapshot:
-    section = f.section()
+    size = file.size()
+    if not HEADER_SIZE < state_at < size:
+        raise SnapshotError(f"the state's place ({state_at}) is outside the file")
+    section, at = _section(file, HEADER_SIZE, state_at)
     extra = section.rest() if accept is None else accept(section)
     section.end()
-    recovered, layout = read_state(f.section())
-    if sum(chunks for _, chunks in layout) != sections - 2:
+    state, end = _section(file, state_at, size)
+    if end != size:
+        raise SnapshotError(f"{size - end} bytes after the last section")
+    recovered, layout = read_state(state)
+    if sum(len(entries) for _, entries in layout) != sections - 2:
         raise SnapshotError("the header and the state disagree on the number of sections")
-    for name, chunks in layout:
+    for name, entries in layout:
         backlog = recovered.queues[name].messages
         assert isinstance(backlog, Backlog)
-        for _ in range(chunks):
-            backlog.append_chunk(read_chunk(f.section()))
-    if f.left:
-        raise SnapshotError(f"{f.left} bytes after the last section")
+        for entry in entries:
+            if entry.length > state_at - at - _SECTION.size:
+                raise SnapshotError("the chunks listed run past the state")
+            backlog.append_chunk(_chunk(file, at, entry, name))
+            at += _SECTION.size + entry.length
+    if at != state_at:
+        raise SnapshotError(f"the chunks listed end at {at}, the state starts at {state_at}")
     share_recovered_values(recovered.queues.values())
     return Snapshot(token, recovered, extra)
+
+
+def _chunk(file: SnapshotFile, at: int, entry: ChunkEntry, queue: bytes) -> Chunk:
+    """The chunk ``entry`` lists: read now if it holds TTLs, else read when needed."""
+    chunk = MappedChunk(file, at, entry.length, entry.crc, entry.count, entry.first, entry.last,
+                        queue)
+    if entry.expires:  # the broker's expiry heap needs its times at the load
+        return chunk.parsed(expires=True)
+    return chunk
 
 
 def new_token() -> int:

@@ -24,9 +24,8 @@ from __future__ import annotations
 import json
 import math
 import struct
-import zlib
 from array import array
-from typing import Any, BinaryIO
+from typing import Any, NamedTuple
 
 from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue
 from mqserver.packed import CHUNK, Backlog, Chunk, ChunkParts
@@ -81,7 +80,30 @@ class SectionWriter:
         self.blob(memoryview(values).cast("B"))  # its bytes as they are, not a copy
 
 
-def state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> SectionWriter:
+class ChunkEntry(NamedTuple):
+    """A chunk's line in the state section: where its section's payload is (its
+    length and checksum), what it holds (count, first and last seq) and
+    whether any message has a TTL (such a chunk is read at the open)."""
+
+    length: int
+    crc: int
+    count: int
+    first: int
+    last: int
+    expires: bool
+
+
+_ENTRY = struct.Struct("<QIIqqB")
+
+
+def entry_of(chunk: Chunk, length: int, crc: int) -> ChunkEntry:
+    seqs = chunk.seq_column()
+    return ChunkEntry(length, crc, chunk.count, seqs[0], seqs[-1], chunk.expires is not None)
+
+
+def state_section(recovered: Recovered, entries: dict[bytes, list[ChunkEntry]]) -> SectionWriter:
+    """The state, with every queue's chunks listed (written after them: the
+    entries hold their sections' lengths and checksums)."""
     out = SectionWriter()
     out.u64(recovered.next_seq)
     records = {ns: values for ns, values in recovered.records.items() if values}
@@ -106,7 +128,9 @@ def state_section(recovered: Recovered, chunks: dict[bytes, list[Chunk]]) -> Sec
         out.u32(len(rq.bindings))
         for event in sorted(rq.bindings):
             out.blob(event)
-        out.u64(len(chunks[name]))
+        out.u32(len(entries[name]))
+        for entry in entries[name]:
+            out.parts.append(_ENTRY.pack(*entry))
     return out
 
 
@@ -281,38 +305,6 @@ class SectionReader:
             raise SnapshotError(f"{self.left()} bytes left over in a section")
 
 
-class StreamedSection(SectionReader):
-    """A section read from the file as it is parsed, so each body is copied
-    once; its checksum is checked at its end (every length is still checked
-    against what is left of it first, so damage found only by the checksum
-    cannot make a read go astray)."""
-
-    def __init__(self, f: BinaryIO, length: int, crc: int, swap: bool) -> None:
-        super().__init__(b"", swap)
-        self.f = f
-        self.remaining = length
-        self.crc = 0
-        self.expected = crc
-
-    def left(self) -> int:
-        return self.remaining
-
-    def take(self, size: int) -> bytes:
-        if size < 0 or size > self.remaining:
-            raise SnapshotError(f"a length ({size}) runs past its section")
-        value = self.f.read(size)
-        if len(value) != size:
-            raise SnapshotError("truncated: a section is cut off")
-        self.remaining -= size
-        self.crc = zlib.crc32(value, self.crc)
-        return value
-
-    def end(self) -> None:
-        super().end()
-        if self.crc != self.expected:
-            raise SnapshotError("a section fails its checksum")
-
-
 def _read_values(data: SectionReader, count: int, decode: Any) -> Any:
     if not data.u8():
         return decode()
@@ -383,7 +375,8 @@ def _read_options(data: SectionReader) -> QueueOptions:
                         data.opt_f64(), data.text())
 
 
-def read_state(data: SectionReader) -> tuple[Recovered, list[tuple[bytes, int]]]:
+def read_state(data: SectionReader) -> tuple[Recovered, list[tuple[bytes, list[ChunkEntry]]]]:
+    """The state and each queue's chunk entries (``read_entries``), in order."""
     recovered = Recovered(next_seq=data.u64())
     for _ in range(data.count()):
         values = recovered.records.setdefault(data.some_blob(), {})
@@ -396,6 +389,19 @@ def read_state(data: SectionReader) -> tuple[Recovered, list[tuple[bytes, int]]]
         options = _read_options(data)
         bindings = {data.some_blob() for _ in range(data.count())}
         recovered.queues[name] = RecoveredQueue(name, options, bindings, Backlog())
-        layout.append((name, data.u64()))
+        layout.append((name, _read_entries(data)))
     data.end()
     return recovered, layout
+
+
+def _read_entries(data: SectionReader) -> list[ChunkEntry]:
+    count = data.u32()
+    if count * _ENTRY.size > data.left():
+        raise SnapshotError(f"{count} chunks listed, more than the state section holds")
+    entries = []
+    for _ in range(count):
+        entry = ChunkEntry(*_ENTRY.unpack(data.take(_ENTRY.size)))
+        if not entry.count or entry.last < entry.first or entry.expires > 1:
+            raise SnapshotError("a chunk's entry is malformed")
+        entries.append(entry._replace(expires=bool(entry.expires)))
+    return entries

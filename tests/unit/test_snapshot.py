@@ -2,7 +2,8 @@
 
 Round trips of drawn states (every message field, queue option, binding and
 record, chunks of every shape); truncated, corrupted and forged files raise
-``SnapshotError`` before anything large is allocated.
+``SnapshotError`` before anything large is allocated, or, for a chunk read
+when needed (``snapshot_chunks``), make its ``check`` say why.
 """
 
 from __future__ import annotations
@@ -91,6 +92,19 @@ def test_what_is_written_reads_back_exactly(tmp_path, recovered, extra):
         assert isinstance(rq.messages, Backlog) and not rq.messages.tail
 
 
+def _read_all(path: Path, token: int | None = 7) -> snapshot.Snapshot:
+    """``snapshot.read``, then every chunk checked and read: what a broker does
+    before it delivers (``PackedReady.settle``); damage found late raises too."""
+    saved = snapshot.read(path, token)
+    for rq in saved.recovered.queues.values():
+        for chunk in rq.messages.chunks:
+            problem = chunk.check()
+            if problem is not None:
+                raise SnapshotError(problem)
+            chunk.unpack()
+    return saved
+
+
 def _example(tmp_path: Path) -> tuple[Path, bytes]:
     messages = [Message(b"m%d" % seq, b"q", b"body %d" % seq, seq, b"ev",
                         {"k": "v"} if seq % 2 else None, 1.5, 9.0 if seq == 3 else None,
@@ -106,7 +120,7 @@ def test_every_truncation_is_refused(tmp_path):
     for size in range(len(data)):
         path.write_bytes(data[:size])
         with pytest.raises(SnapshotError):
-            snapshot.read(path, 7)
+            _read_all(path)
 
 
 def test_every_flipped_byte_is_refused(tmp_path):
@@ -116,7 +130,7 @@ def test_every_flipped_byte_is_refused(tmp_path):
         damaged[at] ^= 0x10
         path.write_bytes(bytes(damaged))
         with pytest.raises(SnapshotError):
-            snapshot.read(path, 7)
+            _read_all(path)
 
 
 @settings(max_examples=100, deadline=None,
@@ -137,7 +151,7 @@ def test_damage_anywhere_is_a_clear_error_in_bounded_memory(tmp_path, recovered,
     tracemalloc.start()
     try:
         with pytest.raises(SnapshotError):
-            snapshot.read(path, 7)
+            _read_all(path)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -170,10 +184,13 @@ def test_foreign_files_are_refused(tmp_path):
             snapshot.read(path)
 
 
-def _forged(body: bytes, sections: int = 3) -> bytes:
-    """A header that checks, with ``body`` after it."""
-    header = struct.pack("<8sHHIQQ", MAGIC, snapshot.VERSION, snapshot._FLAGS, sections, 7,
-                         len(body))
+def _forged(body: bytes, sections: int = 3, state_at: int | None = None) -> bytes:
+    """A header that checks, with ``body`` after it (the state after the store's
+    section, unless ``state_at`` says otherwise)."""
+    if state_at is None:
+        state_at = HEADER_SIZE + 12 + struct.unpack_from("<Q", body)[0]
+    header = struct.pack("<8sHHIQQQ", MAGIC, snapshot.VERSION, snapshot._FLAGS, sections, 7,
+                         len(body), state_at)
     return header + struct.pack("<I", zlib.crc32(header)) + body
 
 
@@ -191,7 +208,7 @@ def _section(payload: bytes) -> bytes:
     _section(b"") + _section(struct.pack("<QII", 1, 0, 1) + struct.pack("<Q", 1) + b"q"
                              + bytes(8) + b"\x00" + struct.pack("<Q", (1 << 64) - 1) + b"\x00"
                              + bytes(8) + b"\x00" + struct.pack("<Q", (1 << 64) - 1)
-                             + struct.pack("<IQ", 0, 10 ** 9)),
+                             + struct.pack("<II", 0, 10 ** 9)),
 ])
 def test_forged_lengths_are_refused_without_allocating_them(tmp_path, state):
     path = tmp_path / "forged"

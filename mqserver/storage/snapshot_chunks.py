@@ -1,0 +1,178 @@
+# -*- test-case-name: tests.unit.test_snapshot_chunks -*-
+"""Chunks of a clean-shutdown snapshot read when they are needed, not at the start.
+
+A restart with a million ready messages would otherwise read and checksum
+the whole snapshot (115-139 MB) before it serves anything.  The snapshot's
+state section lists every chunk's place, checksum, count and seqs
+(``snapshot_sections.ChunkEntry``), checked at the open; a ``MappedChunk``
+stands for one chunk with just that, so the broker counts, orders and
+accepts from the first moment, and its bytes are read later:
+
+- ``check`` reads the chunk's section (``os.pread`` on the open file: a read
+  error is an ``OSError``, never the ``SIGBUS`` a mapped page would raise)
+  and verifies its checksum; a sound section's bytes are kept.  Thread-safe:
+  the broker's service checks every chunk in a thread once it listens
+  (``packed.check_thd``), and a queue checks what is left on its first delivery
+  (``PackedReady.settle``).
+- The first read of a content attribute (``unpack``, ``message``, ``parts``
+  ...) parses the kept bytes into the ``Chunk``'s own slots; from then on
+  the chunk is an ordinary one.  Only a checked chunk is ever parsed by the
+  broker, so a damaged one is found where it can be set aside cleanly
+  (``Broker.withhold``), never halfway through a dispatch.
+
+Only chunks without TTLs are read this way: the broker's expiry heap needs
+every expiry time at the load, so a chunk holding one is read at the open.
+The file is unlinked once the store's open fired (``discard_after_open``);
+its descriptor keeps it readable until the last chunk let go of it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import weakref
+import zlib
+from pathlib import Path
+from typing import Any
+
+from mqserver.packed import Chunk
+
+_SECTION_HEAD = 12  # u64 length | u32 crc32, before each section's payload
+_CONTENT = frozenset(("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
+                      "numbers", "queues", "retries", "seqs", "sources"))
+
+
+class SnapshotFile:
+    """The open snapshot: its descriptor, closed once nothing refers to this."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+        weakref.finalize(self, os.close, self.fd)
+        self.lock = threading.Lock()  # a chunk's state changes under it
+        self.swap = False  # the arrays are in the other byte order (the header's flags)
+
+    def size(self) -> int:
+        return os.fstat(self.fd).st_size
+
+    def read(self, offset: int, size: int) -> bytes:
+        data = os.pread(self.fd, size, offset)
+        if len(data) != size:
+            raise OSError(f"{size} bytes at {offset}: the file ends after {len(data)}")
+        return data
+
+
+class MappedChunk(Chunk):
+    """A chunk whose columns are still in the snapshot file (module docstring)."""
+
+    __slots__ = ("_count", "_crc", "_file", "_first", "_last", "_length", "_offset",
+                 "_problem", "_queue", "_raw", "_share", "_sound")
+
+    def __init__(self, file: SnapshotFile, offset: int, length: int, crc: int, count: int,
+                 first: int, last: int, queue: bytes) -> None:
+        self._file: SnapshotFile | None = file
+        self._offset, self._length, self._crc = offset, length, crc
+        self._count, self._first, self._last = count, first, last
+        self._queue = queue
+        self._sound: bool | None = None  # None: not checked yet
+        self._raw: bytes | None = None  # the checked payload, until it is parsed
+        self._problem = ""
+        self._share: tuple[bytes, dict[bytes, bytes], dict[str, str]] | None = None
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def first_expiry(self) -> float:
+        return math.inf  # a chunk with TTLs is read at the open
+
+    def expiry_values(self) -> list[float]:
+        return []
+
+    def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
+        """Kept for the parse: sharing needs the columns."""
+        self._share = (queue, names, sources)
+
+    @property
+    def unchecked(self) -> bool:
+        """Not known to be sound: not checked yet, or damaged (``PackedReady.settle``)."""
+        return self._sound is not True
+
+    def check(self) -> str | None:
+        """None if the chunk's bytes are sound (read and kept), else why not."""
+        if self._sound is None:
+            file = self._file
+            assert file is not None  # only a parsed chunk lets go of it
+            raw, problem = _read_payload(file, self._offset, self._length, self._crc)
+            with file.lock:
+                if self._sound is None:
+                    self._raw, self._problem = raw, problem
+                    self._sound = raw is not None
+        return None if self._sound else self._problem
+
+    @property
+    def seq_range(self) -> tuple[int, int]:
+        """The first and last seq of its messages, as the state lists them."""
+        return self._first, self._last
+
+    def describe(self) -> str:
+        """Which messages: for the broker's log line about a damaged chunk."""
+        return (f"{self._count} messages of queue {self._queue!r} (seqs {self._first} to "
+                f"{self._last}) in {self._file.path if self._file else 'the snapshot'}")
+
+    def __getattr__(self, name: str) -> Any:
+        # only reached while a content slot is unset: parse, then it is set
+        if name not in _CONTENT:
+            raise AttributeError(name)
+        self._parse()
+        return getattr(self, name)
+
+    def _parse(self) -> None:
+        chunk = self.parsed(expires=False)
+        for name in _CONTENT:
+            setattr(self, name, getattr(chunk, name))
+        if self._share is not None:
+            Chunk.share(self, *self._share)
+            self._share = None
+        self._file = None
+
+    def parsed(self, expires: bool) -> Chunk:
+        """The chunk's columns as an ordinary ``Chunk`` (checked first); ``expires``:
+        whether the state says some message has a TTL.  Only a section that
+        passed its checksum yet does not match the state raises here."""
+        from mqserver.storage.snapshot_sections import SectionReader, SnapshotError, read_chunk
+
+        problem = self.check()
+        if problem is not None:
+            raise SnapshotError(f"{self.describe()}: {problem}")
+        file = self._file
+        assert file is not None
+        with file.lock:
+            raw, self._raw = self._raw, None
+        assert raw is not None
+        chunk = read_chunk(SectionReader(raw, file.swap))
+        seqs = chunk.seq_column()
+        if chunk.count != self._count or (seqs[0], seqs[-1]) != (self._first, self._last) \
+                or (chunk.expires is not None) != expires:
+            raise SnapshotError(f"{self.describe()}: the chunk and the state disagree")
+        return chunk
+
+
+def _read_payload(file: SnapshotFile, offset: int, length: int,
+                  crc: int) -> tuple[bytes | None, str]:
+    """(the section's payload, "") if it is as the state says, else (None, why not)."""
+    try:
+        data = file.read(offset, _SECTION_HEAD + length)
+    except OSError as e:
+        return None, f"cannot be read ({e})"
+    if int.from_bytes(data[:8], "little") != length:
+        return None, "its section's length is not the one the state gives"
+    payload = data[_SECTION_HEAD:]
+    if zlib.crc32(payload) != crc or int.from_bytes(data[8:12], "little") != crc:
+        return None, "it fails its checksum"
+    return payload, ""
+
+
+__all__ = ["MappedChunk", "SnapshotFile"]
