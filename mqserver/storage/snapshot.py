@@ -14,22 +14,25 @@ code): integers and floats through ``struct``, ids and bodies as one joined
 ``Chunk``\\ s and no ``Message``.  Layout (integers little-endian; arrays in
 the byte order the header names)::
 
-    header, 40 bytes: b"MQSRVSNP" | u16 version | u16 flags (1: big-endian
-        arrays) | u32 sections | u64 token | u64 body bytes | u32 crc32 of
-        the header before it
+    header, 48 bytes: b"MQSRVSNP" | u16 version | u16 flags (1: big-endian
+        arrays) | u32 sections | u64 token | u64 body bytes | u64 where the
+        state section starts | u32 crc32 of the header before it
     body: sections, each u64 length | u32 crc32(payload) | payload:
         1. the store's own section, opaque here: what the store checks its
            files against (and the log's index), read first;
-        2. the state: next_seq, records, and each queue's name, options,
-           bindings and number of chunks;
-        3. each queue's chunks in seq order, one section each.
+        2. each queue's chunks in seq order, one section each;
+        3. the state, last: next_seq, records, and each queue's name,
+           options, bindings and chunks (each one's section length, crc32,
+           count, first and last seq, and whether it holds a TTL).
 
-Reading checks the header, each section's length against what is left of
-the file, its checksum (at its end: a section is parsed as it is read, so
-each body is copied once), and every count and length inside against what
-is left of the section (``snapshot_sections``): a truncated,
-corrupt or foreign file raises ``SnapshotError`` (the store then replays),
-and nothing allocates more than the file holds.
+Reading checks the header, the store's section and the state (each
+section's length against the file, its checksum before it is parsed, and
+every count and length inside against what is left of the section:
+``snapshot_sections``), and that the chunks listed fill the file between
+them: a truncated, corrupt or foreign file raises ``SnapshotError`` (the
+store then replays), and nothing allocates more than the file holds.  The
+chunks themselves are read when needed (``snapshot_chunks``): a damaged
+one is found by its check, after the start.
 """
 
 from __future__ import annotations

@@ -67,11 +67,12 @@ class MappedChunk(Chunk):
     """A chunk whose columns are still in the snapshot file (module docstring)."""
 
     __slots__ = ("_count", "_crc", "_file", "_first", "_last", "_length", "_offset",
-                 "_problem", "_queue", "_raw", "_share", "_sound")
+                 "_problem", "_queue", "_raw", "_share", "_sound", "_swap")
 
     def __init__(self, file: SnapshotFile, offset: int, length: int, crc: int, count: int,
                  first: int, last: int, queue: bytes) -> None:
-        self._file: SnapshotFile | None = file
+        self._file: SnapshotFile | None = file  # until the chunk is known sound
+        self._swap = file.swap
         self._offset, self._length, self._crc = offset, length, crc
         self._count, self._first, self._last = count, first, last
         self._queue = queue
@@ -101,15 +102,20 @@ class MappedChunk(Chunk):
         return self._sound is not True
 
     def check(self) -> str | None:
-        """None if the chunk's bytes are sound (read and kept), else why not."""
+        """None if the chunk's bytes are sound (read and kept), else why not.
+
+        A sound chunk lets go of the file: its descriptor is closed (and the
+        unlinked file's space freed) once every chunk was checked."""
+        file = self._file  # before ``_sound``: it is let go of only after that is set
         if self._sound is None:
-            file = self._file
-            assert file is not None  # only a parsed chunk lets go of it
-            raw, problem = _read_payload(file, self._offset, self._length, self._crc)
+            assert file is not None
+            raw, problem = _read_section(file, self._offset, self._length, self._crc)
             with file.lock:
                 if self._sound is None:
                     self._raw, self._problem = raw, problem
                     self._sound = raw is not None
+                    if raw is not None:
+                        self._file = None
         return None if self._sound else self._problem
 
     @property
@@ -136,7 +142,6 @@ class MappedChunk(Chunk):
         if self._share is not None:
             Chunk.share(self, *self._share)
             self._share = None
-        self._file = None
 
     def parsed(self, expires: bool) -> Chunk:
         """The chunk's columns as an ordinary ``Chunk`` (checked first); ``expires``:
@@ -147,12 +152,12 @@ class MappedChunk(Chunk):
         problem = self.check()
         if problem is not None:
             raise SnapshotError(f"{self.describe()}: {problem}")
-        file = self._file
-        assert file is not None
-        with file.lock:
-            raw, self._raw = self._raw, None
+        # sound: no thread changes ``_raw`` any more
+        raw, self._raw = self._raw, None
         assert raw is not None
-        chunk = read_chunk(SectionReader(raw, file.swap))
+        section = SectionReader(raw, self._swap)
+        section.at = _SECTION_HEAD
+        chunk = read_chunk(section)
         seqs = chunk.seq_column()
         if chunk.count != self._count or (seqs[0], seqs[-1]) != (self._first, self._last) \
                 or (chunk.expires is not None) != expires:
@@ -160,19 +165,21 @@ class MappedChunk(Chunk):
         return chunk
 
 
-def _read_payload(file: SnapshotFile, offset: int, length: int,
+def _read_section(file: SnapshotFile, offset: int, length: int,
                   crc: int) -> tuple[bytes | None, str]:
-    """(the section's payload, "") if it is as the state says, else (None, why not)."""
+    """(the section, its head included, "") if it is as the state says, else
+    (None, why not)."""
     try:
         data = file.read(offset, _SECTION_HEAD + length)
     except OSError as e:
         return None, f"cannot be read ({e})"
     if int.from_bytes(data[:8], "little") != length:
         return None, "its section's length is not the one the state gives"
-    payload = data[_SECTION_HEAD:]
-    if zlib.crc32(payload) != crc or int.from_bytes(data[8:12], "little") != crc:
+    with memoryview(data) as view:
+        found = zlib.crc32(view[_SECTION_HEAD:])
+    if found != crc or int.from_bytes(data[8:12], "little") != crc:
         return None, "it fails its checksum"
-    return payload, ""
+    return data, ""
 
 
 __all__ = ["MappedChunk", "SnapshotFile"]

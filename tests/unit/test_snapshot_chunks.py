@@ -8,6 +8,7 @@ one more way of being damaged.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
@@ -97,15 +98,18 @@ def test_a_read_error_makes_the_chunk_damaged(tmp_path):
     assert all("cannot be read" in chunk.check() for chunk in _chunks(saved))
 
 
-def test_a_parsed_chunk_lets_go_of_the_file_and_shares_values(tmp_path):
+def test_checked_chunks_let_go_of_the_file_and_parsed_ones_share_values(tmp_path):
     path = _write(tmp_path, _messages(10))
     saved = snapshot.read(path, 7)
     chunks = _chunks(saved)
-    file = chunks[0]._file
-    assert file is not None and all(chunk._file is file for chunk in chunks)
+    fd = chunks[0]._file.fd
+    os.fstat(fd)
+    check_thd(chunks)
+    assert all(chunk._file is None for chunk in chunks)
+    with pytest.raises(OSError):  # the last reference gone, the descriptor is closed
+        os.fstat(fd)
     for chunk in chunks:
         chunk.unpack()
-    assert all(chunk._file is None for chunk in chunks)
     assert all(chunk.queues is saved.recovered.queues[b"q"].name for chunk in chunks)
     assert chunks[0].events is chunks[1].events  # interned, as share_recovered_values does
 
