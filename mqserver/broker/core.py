@@ -140,7 +140,7 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
         return [chunk for queue in self.queues.values() if isinstance(queue.ready, PackedReady)
                 and queue.ready.unsettled for chunk in queue.ready.chunks if chunk.unchecked]
 
-    def settle(self) -> None:
+    def settle_recovered(self) -> None:
         """``PackedReady.settle`` every queue that has not yet: once its chunks were
         checked in a thread, a damaged one is reported now, not at its first read."""
         for queue in self.queues.values():

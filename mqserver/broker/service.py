@@ -103,7 +103,7 @@ class BrokerService(MultiService):
         if not chunks or not hasattr(reactor, "getThreadPool"):
             return  # each queue checks its own at its first read
         d = deferToThreadPool(reactor, reactor.getThreadPool(), check_thd, chunks)
-        d.addCallback(lambda _: self.broker.settle())
+        d.addCallback(lambda _: self.broker.settle_recovered())
         d.addErrback(lambda f: log.failure("checking the snapshot's chunks failed", f))
 
     def _start_failed(self, failure: Any) -> None:

@@ -487,7 +487,7 @@ def test_a_damaged_snapshot_chunk_is_withheld_and_logged(broker, tmp_path, monke
     broker.load(snapshot.read(path, 7).recovered)
     if pack_after:
         assert broker.ready_count() == 10 and not broker.withheld  # nothing read yet
-        broker.settle()
+        broker.settle_recovered()
     assert broker.ready_count() == 6 and broker.withheld == 4
     assert [line for line in logged if "withheld" in line] == [
         f"clean-shutdown snapshot: 4 messages of queue b'q' (seqs 5 to 8) in {path} cannot "
