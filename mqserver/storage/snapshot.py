@@ -93,8 +93,15 @@ def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> i
         for name, queue_chunks in chunks.items():
             listed = entries[name] = []
             for chunk in queue_chunks:
-                length, crc = _write_section(f, chunk_section(chunk).parts)
-                listed.append(entry_of(chunk, length - _SECTION.size, crc))
+                kept = chunk.kept_section() if isinstance(chunk, MappedChunk) else None
+                if kept is None:
+                    length, crc = _write_section(f, chunk_section(chunk).parts)
+                    listed.append(entry_of(chunk, length - _SECTION.size, crc))
+                else:  # read from the last snapshot, checked, never parsed
+                    section, entry = kept
+                    f.write(section)
+                    length = len(section)
+                    listed.append(entry)
                 size += length
         state_at = size
         size += _write_section(f, state_section(recovered, entries).parts)[0]

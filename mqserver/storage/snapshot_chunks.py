@@ -37,6 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from mqserver.packed import Chunk
+from mqserver.storage.snapshot_sections import (
+    ChunkEntry,
+    SectionReader,
+    SnapshotError,
+    read_chunk,
+)
 
 _SECTION_HEAD = 12  # u64 length | u32 crc32, before each section's payload
 _CONTENT = frozenset(("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
@@ -118,6 +124,16 @@ class MappedChunk(Chunk):
                         self._file = None
         return None if self._sound else self._problem
 
+    def kept_section(self) -> tuple[bytes, ChunkEntry] | None:
+        """The chunk's section as it was read and its entry, if it is sound and not
+        parsed yet: the next snapshot writes it as it is (no parse, no encoding, no
+        checksum again: a restart and a stop with a backlog nobody read)."""
+        raw = self._raw if self.check() is None else None
+        if raw is None:
+            return None
+        return raw, ChunkEntry(self._length, self._crc, self._count, self._first, self._last,
+                               False)
+
     @property
     def seq_range(self) -> tuple[int, int]:
         """The first and last seq of its messages, as the state lists them."""
@@ -147,8 +163,6 @@ class MappedChunk(Chunk):
         """The chunk's columns as an ordinary ``Chunk`` (checked first); ``expires``:
         whether the state says some message has a TTL.  Only a section that
         passed its checksum yet does not match the state raises here."""
-        from mqserver.storage.snapshot_sections import SectionReader, SnapshotError, read_chunk
-
         problem = self.check()
         if problem is not None:
             raise SnapshotError(f"{self.describe()}: {problem}")

@@ -182,3 +182,26 @@ def test_whatever_reads_first_sees_only_sound_messages(tmp_path, count, flips, o
     assert sorted(seq for chunk in withheld for seq in range(chunk.seq_range[0],
                                                              chunk.seq_range[1] + 1)) == \
         [seq for seq in range(1, count + 1) if (seq - 1) // SIZE in damaged]
+
+
+def test_a_chunk_never_parsed_is_written_again_as_it_was_read(tmp_path):
+    """A restart then a stop with a backlog nobody read: the next snapshot copies
+    each checked section (no parse, no encoding); a parsed one is encoded anew."""
+    path = _write(tmp_path, _messages(10))
+    first = path.read_bytes()
+    saved = snapshot.read(path, 7)
+    chunks = _chunks(saved)
+    chunks[1].unpack()
+    again = tmp_path / "again"
+    snapshot.write(again, saved.recovered, 7)
+    assert again.read_bytes() == first  # the same chunks, state and header
+    assert chunks[0]._raw is not None and chunks[2]._raw is not None  # still unparsed
+    assert list(snapshot.read(again, 7).recovered.queues[b"q"].messages) == _messages(10)
+
+
+def test_a_damaged_chunk_fails_the_next_snapshot(tmp_path):
+    path = _write(tmp_path, _messages(10))
+    _flip(path, b"body 0006")
+    saved = snapshot.read(path, 7)
+    with pytest.raises(SnapshotError, match="fails its checksum"):
+        snapshot.write(tmp_path / "again", saved.recovered, 7)
