@@ -266,7 +266,7 @@ class Chunk:
         return chunk
 
     # a chunk read from a clean-shutdown snapshot when needed
-    # (``mqserver.storage.snapshot_chunks.MappedChunk``) is unchecked until
+    # (``mqserver.storage.snapshot_chunks.LazyChunk``) is unchecked until
     # its bytes were read and their checksum verified
     unchecked = False
 

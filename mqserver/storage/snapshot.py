@@ -48,7 +48,7 @@ from typing import Any, BinaryIO
 
 from mqserver.model import Recovered
 from mqserver.packed import Backlog, Chunk, share_recovered_values
-from mqserver.storage.snapshot_chunks import MappedChunk, SnapshotFile
+from mqserver.storage.snapshot_chunks import LazyChunk, SnapshotFile
 from mqserver.storage.snapshot_sections import (
     ChunkEntry,
     SectionReader,
@@ -93,7 +93,7 @@ def write(path: Path, recovered: Recovered, token: int, extra: bytes = b"") -> i
         for name, queue_chunks in chunks.items():
             listed = entries[name] = []
             for chunk in queue_chunks:
-                kept = chunk.kept_section() if isinstance(chunk, MappedChunk) else None
+                kept = chunk.kept_section() if isinstance(chunk, LazyChunk) else None
                 if kept is None:
                     length, crc = _write_section(f, chunk_section(chunk).parts)
                     listed.append(entry_of(chunk, length - _SECTION.size, crc))
@@ -189,7 +189,7 @@ def read(path: Path, token: int | None = None,
     is the ``Snapshot``'s ``extra``; the state is read only then.  Raises
     ``SnapshotError`` (or ``OSError``) when the snapshot cannot be used.
 
-    The chunks without TTLs are ``MappedChunk``\\ s, read and checked when
+    The chunks without TTLs are ``LazyChunk``\\ s, read and checked when
     needed (``snapshot_chunks``): a damaged one is found then, not here."""
     file = SnapshotFile(path)
     size = file.size()
@@ -251,7 +251,7 @@ def _read_body(file: SnapshotFile, sections: int, token: int, state_at: int,
 
 def _chunk(file: SnapshotFile, at: int, entry: ChunkEntry, queue: bytes) -> Chunk:
     """The chunk ``entry`` lists: read now if it holds TTLs, else read when needed."""
-    chunk = MappedChunk(file, at, entry.length, entry.crc, entry.count, entry.first, entry.last,
+    chunk = LazyChunk(file, at, entry.length, entry.crc, entry.count, entry.first, entry.last,
                         queue)
     if entry.expires:  # the broker's expiry heap needs its times at the load
         return chunk.parsed(expires=True)

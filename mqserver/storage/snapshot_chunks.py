@@ -4,7 +4,7 @@
 A restart with a million ready messages would otherwise read and checksum
 the whole snapshot (115-139 MB) before it serves anything.  The snapshot's
 state section lists every chunk's place, checksum, count and seqs
-(``snapshot_sections.ChunkEntry``), checked at the open; a ``MappedChunk``
+(``snapshot_sections.ChunkEntry``), checked at the open; a ``LazyChunk``
 stands for one chunk with just that, so the broker counts, orders and
 accepts from the first moment, and its bytes are read later:
 
@@ -45,8 +45,7 @@ from mqserver.storage.snapshot_sections import (
 )
 
 _SECTION_HEAD = 12  # u64 length | u32 crc32, before each section's payload
-_CONTENT = frozenset(("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
-                      "numbers", "queues", "retries", "seqs", "sources"))
+_CONTENT = frozenset(name for name in Chunk.__slots__ if not name.startswith("_pad"))
 
 
 class SnapshotFile:
@@ -69,7 +68,7 @@ class SnapshotFile:
         return data
 
 
-class MappedChunk(Chunk):
+class LazyChunk(Chunk):
     """A chunk whose columns are still in the snapshot file (module docstring)."""
 
     __slots__ = ("_count", "_crc", "_file", "_first", "_last", "_length", "_offset",
@@ -196,4 +195,4 @@ def _read_section(file: SnapshotFile, offset: int, length: int,
     return data, ""
 
 
-__all__ = ["MappedChunk", "SnapshotFile"]
+__all__ = ["LazyChunk", "SnapshotFile"]

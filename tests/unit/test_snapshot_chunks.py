@@ -21,7 +21,7 @@ from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue
 from mqserver.packed import Backlog, check_thd
 from mqserver.storage import snapshot
 from mqserver.storage.snapshot import SnapshotError
-from mqserver.storage.snapshot_chunks import MappedChunk
+from mqserver.storage.snapshot_chunks import LazyChunk
 
 SIZE = 4
 
@@ -60,7 +60,7 @@ def test_a_read_counts_the_chunks_without_reading_them(tmp_path):
     saved = snapshot.read(path, 7)
     backlog = saved.recovered.queues[b"q"].messages
     assert len(backlog) == 10
-    assert [type(chunk) for chunk in backlog.chunks] == [MappedChunk] * 3
+    assert [type(chunk) for chunk in backlog.chunks] == [LazyChunk] * 3
     assert all(chunk.unchecked for chunk in backlog.chunks)
     first, second, third = backlog.chunks
     assert first.check() is None and third.check() is None
@@ -76,8 +76,8 @@ def test_a_chunk_with_ttls_is_read_at_the_open(tmp_path):
     path = _write(tmp_path, _messages(10, ttl_at=6))
     saved = snapshot.read(path, 7)
     first, second, third = _chunks(saved)
-    assert type(second) is not MappedChunk and second.first_expiry == 99.0
-    assert (type(first), type(third)) == (MappedChunk, MappedChunk)
+    assert type(second) is not LazyChunk and second.first_expiry == 99.0
+    assert (type(first), type(third)) == (LazyChunk, LazyChunk)
     _flip(path, b"body 0006")
     with pytest.raises(SnapshotError, match="fails its checksum"):
         snapshot.read(path, 7)
