@@ -105,7 +105,7 @@ class PackedReady:
         so a damaged snapshot chunk is found here, where taking it out is
         clean, and never halfway through a pop or a lookup: its messages
         leave the count and go to ``on_withheld``.  Cheap once the broker's
-        service checked them in its thread (``snapshot_chunks.check_thd``).
+        service checked them in its thread (``packed.check_thd``).
         """
         self.unsettled = False
         sound, damaged = sound_chunks(self.chunks)
