@@ -274,9 +274,9 @@ def makeService(config: Options, reactor: Any = None) -> IService:
     if not config["no-gc-tuning"]:
         # What twistd imported so far lives as long as the process: frozen
         # now, the collections while the rest is imported and the store
-        # recovers skip it, and so does the full one before listening
-        # (BrokerService).  It holds no garbage to keep (a full collection
-        # here finds none); freezing it saves tens of ms of start-up.
+        # recovers skip it (BrokerService freezes the rest after the load).
+        # It holds no garbage to keep (a full collection here finds none);
+        # freezing it saves tens of ms of start-up.
         gc.freeze()
     if reactor is None:
         from twisted.internet import reactor as default_reactor
