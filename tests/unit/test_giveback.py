@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import sys
 
 from mqserver import giveback
 
@@ -38,3 +39,18 @@ def test_a_c_library_without_malloc_trim_gives_none(monkeypatch):
 def test_glibc_trims():
     trim = giveback.malloc_trim()
     assert trim is None or trim() in (0, 1)
+
+
+def test_it_lets_go_of_the_names_the_method_cache_holds():
+    class Tzinfo:
+        def utcoffset(self):
+            return None
+
+    # a name made at run time, as a C call's attribute name is: not interned
+    name = "".join(["utc", "offset"])
+    alone = sys.getrefcount(name)
+    getattr(Tzinfo(), name)
+    # CPython 3.11's method cache keeps a reference to the name it looked up
+    assert sys.getrefcount(name) >= alone
+    giveback.give_back(None)
+    assert sys.getrefcount(name) == alone
