@@ -84,20 +84,33 @@ class Resting:
 
     def _abandon(self) -> None:
         self._packing.clear()
-        self._held = []
+        self._held.clear()
 
     def _look(self) -> bool:
-        least, quiet = self.least, self.quiet
-        previous = self._marks
-        marks: dict[Queue, int] = {}
+        """Mark each large queue's traffic, and queue up those that moved less than ``quiet``.
+
+        The marks are updated in place, and a mark that did not move keeps
+        its object: a look at rest makes nothing that lives on (a new dict
+        or count each second would land in whatever arena pymalloc offers
+        then, one of those the packing is about to empty).
+        """
+        least, quiet, marks = self.least, self.quiet, self._marks
+        large = 0
         for queue in self.broker.queues.values():
             if len(queue.ready) < least:
                 continue
-            moved = marks[queue] = queue.enqueued + queue.delivered + queue.requeued
-            before = previous.get(queue)
+            large += 1
+            moved = queue.enqueued + queue.delivered + queue.requeued
+            before = marks.get(queue)
+            if before != moved:
+                marks[queue] = moved
             if before is not None and moved - before < quiet and queue not in self._packing:
                 self._packing.append(queue)
-        self._marks = marks
+        if len(marks) > large:
+            queues = self.broker.queues
+            for gone in [queue for queue in marks
+                         if queues.get(queue.name) is not queue or len(queue.ready) < least]:
+                del marks[gone]
         return bool(self._packing)
 
     def pack_slice(self) -> bool:
@@ -110,6 +123,6 @@ class Resting:
         if queue.deleted or not broker.pack_resting(queue, self.keep, self.slice, self._held):
             packing.pop(0)
             if self._held:
-                self._held = []
+                self._held.clear()
                 give_back()
         return bool(packing)

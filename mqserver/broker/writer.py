@@ -22,6 +22,7 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from mqserver.figures import Figure, figures
 from mqserver.interfaces import IMessageStore
 
 log = Logger()
@@ -38,7 +39,18 @@ class StoreWriter:
     While a batch is being applied, new ops pile up and go out as the next
     batch as soon as it fires, so a slow fsync makes batches bigger rather
     than queueing one commit per message.
+
+    What it keeps from batch to batch is made once: the figures live in an
+    array (``mqserver.figures``), and the op and waiter lists are emptied,
+    not replaced, so nothing the last batch of a fill made outlives it in
+    the arenas the fill's messages went through (see ``figures``).
     """
+
+    batches = Figure(int)
+    last_batch_size = Figure(int)
+    last_batch_seconds = Figure(float)
+    # with ``batches``, a latency average for /metrics (a Prometheus summary)
+    batch_seconds_total = Figure(float)
 
     def __init__(
         self, store: IMessageStore, clock: IReactorTime, max_batch: int = 10_000,
@@ -60,11 +72,7 @@ class StoreWriter:
         self._in_flight = False
         self._pending_waiters: list[Deferred[None]] = []
         self._flight_waiters: list[Deferred[None]] = []
-        self.batches = 0
-        self.last_batch_size = 0
-        self.last_batch_seconds = 0.0
-        # with ``batches``, a latency average for /metrics (a Prometheus summary)
-        self.batch_seconds_total = 0.0
+        self.figures = figures(StoreWriter)
         self.failures = 0
         self.last_error: str | None = None
         # called when a batch succeeded and nothing is pending: the writer
@@ -141,11 +149,11 @@ class StoreWriter:
         # apply gets.  Waiters stay pending until the op list is empty,
         # since they wait for every op added before them.
         cut = self._cut() if len(self.ops) > self.max_batch else len(self.ops)
-        if cut < len(self.ops):
-            batch, self.ops = self.ops[:cut], self.ops[cut:]
-        else:
-            batch, self.ops = self.ops, []
-            self._flight_waiters, self._pending_waiters = self._pending_waiters, []
+        batch = self.ops[:cut]
+        del self.ops[:cut]
+        if not self.ops:
+            self._flight_waiters += self._pending_waiters
+            self._pending_waiters.clear()
         self._in_flight = True
         self.last_batch_size = len(batch)
         started = self._clock.seconds()
@@ -164,7 +172,8 @@ class StoreWriter:
         self.batches += 1
         self.last_batch_seconds = self._clock.seconds() - started
         self.batch_seconds_total += self.last_batch_seconds
-        waiters, self._flight_waiters = self._flight_waiters, []
+        waiters = self._flight_waiters.copy()
+        self._flight_waiters.clear()
         if isinstance(result, Failure):
             self._failed(result, batch, waiters)
             return
@@ -196,7 +205,7 @@ class StoreWriter:
         # a pending waiter waits for every op added before it, the failed
         # batch included: it gets this failure too
         waiters.extend(self._pending_waiters)
-        self._pending_waiters = []
+        self._pending_waiters.clear()
         if first:
             log.failure("storage batch of {n} ops failed; serving from memory and retrying "
                         "every {max} s at most; nothing is confirmed until a batch succeeds",

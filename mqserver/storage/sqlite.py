@@ -48,6 +48,7 @@ from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from mqserver.figures import Figure, figures
 from mqserver.interfaces import ICleanShutdown, IMessageStore
 from mqserver.model import (
     BIND,
@@ -210,6 +211,12 @@ class SQLiteStore:
     """``IMessageStore`` on one SQLite file; see the module docstring."""
 
     durable = True
+    # per batch, in an array: none outlives the fill in its arenas (``mqserver.figures``)
+    transactions = Figure(int)  # committed apply batches, for tests and stats
+    # COMMIT time (the WAL fsync with synchronous=FULL), for /metrics
+    commit_seconds = Figure(float)
+    last_commit_seconds = Figure(float)
+    last_batch_ops = Figure(int)
 
     def __init__(self, path: str | Path, reactor: Any = None, sync: str = "full") -> None:
         if sync not in SYNC_MODES:
@@ -223,11 +230,7 @@ class SQLiteStore:
         self._thread = StoreThread(reactor, "mqserver-sqlite")
         self._db: Database | None = None  # used in the store thread only
         self.is_open = False
-        self.transactions = 0  # committed apply batches, for tests and stats
-        # COMMIT time (the WAL fsync with synchronous=FULL), for /metrics
-        self.commit_seconds = 0.0
-        self.last_commit_seconds = 0.0
-        self.last_batch_ops = 0
+        self.figures = figures(SQLiteStore)
         # the clean-shutdown snapshot beside the database file, and whether
         # the last open started from it
         self.snapshot_path = self.path.with_name(snapshot.FILENAME)
@@ -424,8 +427,9 @@ class SQLiteStore:
                 conn.execute(_NEXT_SEQ, (next_seq,))
             started = time.perf_counter()
             conn.execute("COMMIT")
-            self.last_commit_seconds = time.perf_counter() - started
-            self.commit_seconds += self.last_commit_seconds
+            took = time.perf_counter() - started
+            self.last_commit_seconds = took
+            self.commit_seconds += took
         except BaseException:
             if conn.in_transaction:
                 conn.execute("ROLLBACK")

@@ -174,3 +174,38 @@ def test_stop_cancels_the_looks_and_a_due_slice(clock):
     assert not clock.getDelayedCalls()
     broker.resting.start(0)
     assert not clock.getDelayedCalls(), "0: never"
+
+
+def test_a_look_at_rest_makes_no_new_mark(clock):
+    """The marks are kept in place, and a count that did not move keeps its
+    object: nothing a look makes at rest outlives it (see ``Resting._look``)."""
+    broker = _broker(clock)
+    broker.resting.quiet = 0  # never at rest: only the marks are looked at
+    _publish(broker, 30)
+    queue = broker.queues[b"q"]
+    resting = broker.resting
+    marks = resting._marks
+    resting.look()
+    mark = marks[queue]
+    resting.look()
+    assert resting._marks is marks and marks[queue] is mark
+    _publish(broker, 1, start=30)
+    resting.look()
+    assert marks[queue] == mark + 1
+
+
+def test_the_mark_of_a_queue_gone_or_grown_small_is_dropped(clock):
+    broker = _broker(clock)
+    broker.resting.quiet = 0
+    broker.reconfigure(b"other", replace=[b"e"])
+    _publish(broker, 30)
+    resting = broker.resting
+    resting.look()
+    assert set(resting._marks) == {broker.queues[b"q"], broker.queues[b"other"]}
+    other = broker.queues[b"other"]
+    broker.delete_queue(other.name)
+    resting.look()
+    assert set(resting._marks) == {broker.queues[b"q"]}
+    broker.queues[b"q"].ready.clear()
+    resting.look()
+    assert resting._marks == {}
