@@ -8,7 +8,7 @@ one lives on.  A fill of a durable store goes through some twenty arenas
 batch (its time, the running totals, the count) land in those arenas, and
 once the backlog is packed at rest each one keeps the arena it landed in
 from going back to the system: read from the pool headers of a SQLite
-server holding 1M packed messages, each of these numbers was alone in an
+server holding 1M packed messages, several of these numbers were alone in an
 arena.  In an ``array`` a number is eight bytes of one buffer made at
 start-up; reading one makes a short-lived object.
 """

@@ -18,7 +18,7 @@ of memory are free:
   filed under its address: every log line during a fill left one or two
   such strings alive, each in a different arena.  With 1M messages
   published to SQLite (whose writer logs "far behind" and "caught up"
-  some twenty times in a fill) they kept 10 to 15 arenas; clearing the
+  some forty times in a fill) they kept 10 to 20 arenas; clearing the
   cache (``sys._clear_type_cache``) lets them go;
 - glibc's malloc gives back only the top of its heap by itself; the
   buffers a durable store's batches went through leave free holes below
