@@ -63,6 +63,7 @@ KEPT_KINDS = frozenset((K_ENQUEUE, K_REQUEUE, K_DECLARE, K_BIND, K_PUT))
 # seq, created_at, expires_at, retry, flags, then six lengths:
 # queue, id, event, headers (JSON, ASCII-escaped), source, body
 _MSG = struct.Struct(">QddIBIIIIII")
+_MSG_SIZE = _MSG.size
 _HAS_EXPIRES, _HAS_EVENT, _HAS_HEADERS, _HAS_SOURCE = 1, 2, 4, 8
 _SEQ = struct.Struct(">Q")
 _LEN = struct.Struct(">I")
@@ -74,6 +75,8 @@ _OPTIONS = struct.Struct(">BdqdI")
 _OVERFLOW_FLAGS = {None: 0, "drop-head": 1, "reject-publish": 2}
 _OVERFLOW_NAMES = {0: None, 1: "drop-head", 2: "reject-publish", 3: None}
 _COMMIT = struct.Struct(">IQ")
+COMMIT = _COMMIT
+"""A COMMIT payload after its kind byte: the batch's op count, then its next free seq."""
 # The head of a payload with its kind byte first: ENQUEUE, REQUEUE (then the
 # old seq), REMOVE (then the seq).  One pack instead of a pack and a concat.
 ENQUEUE_HEAD = struct.Struct(">B" + _MSG.format[1:])
@@ -225,25 +228,28 @@ def as_enqueue(payload: Any) -> bytes:
 
 
 def decode_message(payload: Any, at: int) -> Message:
-    return Message(*message_fields(payload, at, len(payload)))
+    return Message(*message_fields(bytes(payload), at, len(payload)))
 
 
-def message_fields(buf: Any, at: int, end: int) -> tuple[Any, ...]:
+def message_fields(buf: bytes, at: int, end: int) -> tuple[Any, ...]:
     """The fields of the message whose payload's head is at ``at`` in ``buf`` and
-    which ends at ``end``, in ``Message``'s order (recovery packs them as they are)."""
+    which ends at ``end``, in ``Message``'s order (recovery packs them as they are).
+
+    ``buf`` is ``bytes`` (a whole segment, in recovery), so each slice is a
+    field as it is: this runs for every live message a restart replays."""
     seq, created, expires, retry, flags, lq, li, le, lh, ls, lb = _MSG.unpack_from(buf, at)
-    pos = at + _MSG.size
-    queue = bytes(buf[pos:pos + lq])
+    pos = at + _MSG_SIZE
+    queue = buf[pos:pos + lq]
     pos += lq
-    mid = bytes(buf[pos:pos + li])
+    mid = buf[pos:pos + li]
     pos += li
-    event = bytes(buf[pos:pos + le]) if flags & _HAS_EVENT else None
+    event = buf[pos:pos + le] if flags & _HAS_EVENT else None
     pos += le
-    headers = json.loads(bytes(buf[pos:pos + lh])) if flags & _HAS_HEADERS else None
+    headers = json.loads(buf[pos:pos + lh]) if flags & _HAS_HEADERS else None
     pos += lh
-    source = bytes(buf[pos:pos + ls]).decode("utf-8") if flags & _HAS_SOURCE else None
+    source = buf[pos:pos + ls].decode("utf-8") if flags & _HAS_SOURCE else None
     pos += ls
-    body = bytes(buf[pos:pos + lb])
+    body = buf[pos:pos + lb]
     if pos + lb != end:
         raise FormatError("message payload length mismatch")
     return (mid, queue, body, seq, event, headers, created,
