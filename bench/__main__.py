@@ -1,14 +1,15 @@
 """The benchmark suite: mqserver per protocol and backend, and its peers, in one run.
 
     python -m bench [--quick] [--messages N] [--size S] [--rounds R] [--only REGEX]
-                    [--workload w1|w1c|w2|paced|memory|restart|fanout|queues|idle|bodies]...
+                    [--workload w1|w1c|w2|paced|memory|restart|restart-crash|fanout|...]...
                     [--markdown FILE] [--json FILE]
 
 W1 (W3 on a durable backend), W1c (every publish confirmed), W2 end to end
-and paced, memory and restart, over MQKS, PHPMQ, eMQP and HTTP on every storage
-setup, and beanstalkd, Redis, NATS JetStream and RabbitMQ started on
-loopback ports (``make bench-setup`` installs them); and issue 19's
-fan-out, many queues, idle connections and large bodies (``bench.shapes``).
+and paced, memory and restart (after SIGTERM, and after kill -9), over
+MQKS, PHPMQ, eMQP and HTTP on every storage setup, and beanstalkd, Redis,
+NATS JetStream and RabbitMQ started on loopback ports (``make bench-setup``
+installs them); and issue 19's fan-out, many queues, idle connections and
+large bodies (``bench.shapes``).
 Prints the medians and the issue's target ratios; see docs/performance.md.
 """
 

@@ -76,10 +76,14 @@ class Server:
         with open(f"/proc/{self.pid}/statm") as statm:
             return int(statm.read().split()[1]) * PAGE
 
-    def stop(self) -> None:
-        """SIGTERM this PID, then SIGKILL if it has not exited in 10 s; then the companions."""
+    def stop(self, crash: bool = False) -> None:
+        """SIGTERM this PID, then SIGKILL if it has not exited in 10 s (with ``crash``:
+        SIGKILL at once, a crash); then the companions."""
         if self.process.poll() is None:
-            self.process.terminate()
+            if crash:
+                self.process.kill()
+            else:
+                self.process.terminate()
             try:
                 self.process.wait(10)
             except subprocess.TimeoutExpired:

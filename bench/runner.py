@@ -20,8 +20,8 @@ from bench.proc import Server
 from bench.servers import settle_journal, start_mqserver
 from bench.systems import System, all_systems, workload_systems
 
-ONCE = ("memory", "restart")  #: workloads of one round (a fresh server each)
-WORKLOADS = ("w1", "w1c", "w2", "paced", "memory", "restart", *shapes.SHAPES)
+ONCE = ("memory", "restart", "restart-crash")  #: workloads of one round (a fresh server each)
+WORKLOADS = ("w1", "w1c", "w2", "paced", "memory", "restart", "restart-crash", *shapes.SHAPES)
 
 
 @dataclass
@@ -159,10 +159,11 @@ def one(workload: str, system: System, number: int, options: Options, fleet: Fle
                                     options.size)
         finally:
             server.stop()
-    if workload == "restart":
-        files = workdir / f"restart-{system.name.replace('/', '-')}"
+    if workload in ("restart", "restart-crash"):
+        files = workdir / f"{workload}-{system.name.replace('/', '-')}"
         return workloads.restart(system.client, lambda: start(system.server, files), queue,
-                                 options.restart_messages, options.size)
+                                 options.restart_messages, options.size,
+                                 crash=workload == "restart-crash")
     server = fleet.get(system.server)
     if workload == "paced":
         return workloads.paced(system.client, server, queue, options.paced_messages,
@@ -192,8 +193,11 @@ def brief(figures: dict[str, Any]) -> str:
         return (f"listening in {figures['listening'] * 1e3:.0f} ms, first answer in "
                 f"{figures['answer'] * 1e3:.0f} ms (median of {figures['count']})")
     if "recovery" in figures:
-        return (f"back in {figures['recovery']:.2f} s, RSS {figures['rss_before'] / 1e6:.0f} "
-                f"MB before, {figures['rss'] / 1e6:.0f} MB after")
+        reported = figures["reported"]
+        return (f"back in {figures['recovery']:.2f} s (it reports "
+                f"{'nothing' if reported is None else f'{reported:.3f} s'}), "
+                f"RSS {figures['rss_before'] / 1e6:.0f} MB before, "
+                f"{figures['rss'] / 1e6:.0f} MB after")
     if "rss" in figures:
         return f"RSS {figures['rss'] / 1e6:.0f} MB"
     if "p50_ms" in figures:

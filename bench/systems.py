@@ -89,7 +89,7 @@ def workload_systems(workload: str, systems: list[System]) -> list[System]:
     can have each publish confirmed; W2 the in-memory ones; paced latency
     the in-memory stream protocols; memory MQKS per backend (the fsync mode
     does not change what is kept) and beanstalkd and Redis without
-    persistence; restart ``RESTART``."""
+    persistence; restart and restart-crash ``RESTART``."""
     if workload == "w1":
         return systems
     if workload == "w1c":
@@ -100,6 +100,6 @@ def workload_systems(workload: str, systems: list[System]) -> list[System]:
         return [s for s in systems if s.in_memory and not s.name.startswith("http")]
     if workload == "memory":
         return [s for s in systems if s.name in MEMORY]
-    if workload == "restart":
+    if workload in ("restart", "restart-crash"):
         return [s for s in systems if s.name in RESTART]
     raise ValueError(workload)

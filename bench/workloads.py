@@ -1,5 +1,5 @@
 """The workloads, one round each: W1 (W3 on a durable backend) and W1c, W2, paced latency, memory,
-restart.
+restart (after a clean stop, and after a crash).
 
 Every round gets a fresh queue and fresh client connections, measures wall
 time with ``perf_counter``, the client's CPU (``getrusage``: every thread
@@ -10,6 +10,7 @@ of this process, pyzmq's I/O thread included) and the server's (from
 from __future__ import annotations
 
 import multiprocessing
+import re
 import resource
 import socket
 import statistics
@@ -220,17 +221,22 @@ def fill(make: ClientFactory, server: Server, queue: str, count: int, size: int)
 
 
 def restart(make: ClientFactory, start: Callable[[], Server], queue: str, count: int,
-            size: int) -> dict[str, Any]:
+            size: int, crash: bool = False) -> dict[str, Any]:
     """Time a restart with ``count`` ready messages: fill a fresh server, read its
-    RSS, stop it (SIGTERM), start it again on the same files and time until it
-    answers that all ``count`` are there (``backlog``); then its RSS."""
+    RSS, stop it (SIGTERM; with ``crash``, SIGKILL: nothing written at the stop,
+    every store replays), start it again on the same files and time until it
+    answers that all ``count`` are there (``backlog``); then its RSS, and the
+    recovery time the server itself logged (``reported_recovery``)."""
     server = start()
     try:
         fill(make, server, queue, count, size)
-        time.sleep(1.0)  # a durable backend's last batch settles, as in ``memory``
+        # a durable backend's last batch settles, as in ``memory``; before a
+        # crash, longer than Redis's everysec AOF fsync, so the kill finds it
+        # fsynced as the fill's confirms said
+        time.sleep(1.5 if crash else 1.0)
         before = server.rss_bytes()
     finally:
-        server.stop()
+        server.stop(crash=crash)
     client_cpu = cpu()
     started = time.perf_counter()
     server = start()
@@ -243,9 +249,28 @@ def restart(make: ClientFactory, start: Callable[[], Server], queue: str, count:
         wall = time.perf_counter() - started
         return {"count": count, "wall": wall, "recovery": wall, "client_cpu": cpu() - client_cpu,
                 "server_cpu": server.cpu_seconds(), "rss_before": before,
-                "rss": server.rss_bytes()}
+                "rss": server.rss_bytes(), "reported": reported_recovery(server)}
     finally:
         server.stop()
+
+
+#: a server's own report of how long its recovery took, in its log: mqserver's
+#: store ("... N messages recovered in X s (replay)", or a clean-shutdown
+#: snapshot's "... N messages read in X s (no replay)"); Redis loading its AOF
+REPORTED = re.compile(r"messages (?:recovered|read) in ([\d.]+) s \((?:no )?replay\)"
+                      r"|DB loaded from append only file: ([\d.]+) seconds")
+
+
+def reported_recovery(server: Server, wait: float = 5.0) -> float | None:
+    """The recovery time ``server`` logged (the last such line; waited for up to
+    ``wait`` seconds, as the log may trail the answer that the backlog is back);
+    None if it logs none (an mqserver from before the line, for a comparison)."""
+    deadline = time.perf_counter() + wait
+    while not (found := REPORTED.findall(server.log_text())):
+        if time.perf_counter() > deadline:
+            return None
+        time.sleep(0.05)
+    return float(next(value for value in found[-1] if value))
 
 
 def backlog(server: Server, queue: str) -> int | None:

@@ -13,6 +13,7 @@ from twisted.internet.task import Clock
 
 from mqserver.broker.core import Broker
 from mqserver.model import DECLARE, ENQUEUE, PUT, QueueOptions
+from mqserver.packed import Backlog
 from mqserver.storage.errors import StoreFormatError, StoreLockedError
 from mqserver.storage.sqlite import SCHEMA_VERSION, SQLiteStore, schema_script, upgrade_steps
 from mqserver.testing import StoreContract, message
@@ -270,3 +271,33 @@ def test_a_snapshot_without_the_mark_is_not_used(tmp_path: Path) -> Any:
     yield store.close()
     assert not store.from_snapshot
     assert [m.seq for m in recovered.queues[b"q"].messages] == [1, 2, 3]
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_replay_packs_each_queues_rows_in_order_and_logs_its_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, logged: list[str]) -> Any:
+    # chunks of 4: q1 alone fills two whole reads (each packed from its
+    # columns), then reads of both queues are dealt to each queue's rows
+    monkeypatch.setattr(Backlog, "chunk_size", 4)
+    path = tmp_path / "mqserver.sqlite3"
+    store = SQLiteStore(path)
+    yield store.open()
+    q1 = list(range(1, 9)) + list(range(10, 22, 2)) + [22, 23]
+    yield store.apply([(ENQUEUE, message(seq, queue=b"q2" if seq not in q1 else b"q1",
+                                          headers={"n": str(seq)} if seq % 5 == 0 else None))
+                       for seq in range(1, 24)])
+    yield store.close()
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    yield store.close()
+    assert not store.from_snapshot
+    ones, twos = recovered.queues[b"q1"].messages, recovered.queues[b"q2"].messages
+    assert [m.seq for m in ones] == q1 and [m.id for m in ones] == [b"m%d" % s for s in q1]
+    assert [m.seq for m in twos] == [9, 11, 13, 15, 17, 19, 21]
+    assert [m.headers for m in ones if m.seq % 5 == 0] == [{"n": "5"}, {"n": "10"},
+                                                           {"n": "20"}]
+    assert len(ones.chunks) == 4 and len(ones.tail) == 0
+    assert len(twos.chunks) == 1 and len(twos.tail) == 3
+    assert recovered.next_seq == 24
+    assert any(f"SQLite {path}: 2 queues, 23 messages recovered in " in line
+               and line.endswith(" s (replay)") for line in logged), logged
