@@ -15,7 +15,13 @@ from mqserver.broker.core import Broker
 from mqserver.model import DECLARE, ENQUEUE, PUT, QueueOptions
 from mqserver.packed import Backlog
 from mqserver.storage.errors import StoreFormatError, StoreLockedError
-from mqserver.storage.sqlite import SCHEMA_VERSION, SQLiteStore, schema_script, upgrade_steps
+from mqserver.storage.sqlite import (
+    SCHEMA_VERSION,
+    RowShape,
+    SQLiteStore,
+    schema_script,
+    upgrade_steps,
+)
 from mqserver.testing import StoreContract, message
 
 
@@ -301,3 +307,29 @@ def test_a_replay_packs_each_queues_rows_in_order_and_logs_its_time(
     assert recovered.next_seq == 24
     assert any(f"SQLite {path}: 2 queues, 23 messages recovered in " in line
                and line.endswith(" s (replay)") for line in logged), logged
+
+
+@pytest.mark.parametrize("odd", [{}, {"retry": 1}, {"expires_at": 5000.0},
+                                 {"headers": {"h": "1"}}, {"event": b"other"}, {"source": None}])
+@pytest_twisted.inlineCallbacks
+def test_plain_rows_are_read_in_five_columns_and_any_other_in_all(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, odd: dict[str, Any]) -> Any:
+    # one event and source, no headers, expiry or retries: the other five
+    # columns are filled in; one message otherwise makes the read take all
+    monkeypatch.setattr(Backlog, "chunk_size", 4)
+    sent = [message(seq, queue=b"q%d" % (seq % 2), event=b"e", source="mqks")
+            for seq in range(1, 14)]
+    for name, value in odd.items():
+        setattr(sent[6], name, value)
+    path = tmp_path / "mqserver.sqlite3"
+    store = SQLiteStore(path)
+    yield store.open()
+    yield store.apply([(ENQUEUE, m) for m in sent])
+    yield store.close()
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    plain = yield store.run_thd(lambda conn: RowShape(conn).plain)
+    yield store.close()
+    assert plain == (not odd)
+    for name in (b"q0", b"q1"):
+        assert list(recovered.queues[name].messages) == [m for m in sent if m.queue == name]
