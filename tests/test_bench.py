@@ -21,6 +21,7 @@ import pytest
 from bench import database, rabbitmq
 from bench.report import TARGETS
 from bench.systems import PROTOCOLS as CLIENTS
+from bench.workloads import reported_recovery
 
 ROOT = Path(__file__).resolve().parent.parent
 STORAGES = ("memory", "memory+journal", "sqlite", "log-interval", "log-always", "postgres")
@@ -147,3 +148,30 @@ def test_callgrind_counts_the_servers_instructions_per_fanned_out_copy():
     assert run.stdout.startswith("fan-out x10 mqks storage=memory journal=off N=500: ")
     assert run.stdout.rstrip().endswith(" instructions per copy")
     assert int(run.stdout.split(": ")[1].split()[0].replace(",", "")) > 0
+
+
+class Logged:
+    """What ``reported_recovery`` reads of a server: its log."""
+
+    name = "server"
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def log_text(self) -> str:
+        return self.text
+
+
+@pytest.mark.parametrize(("line", "seconds"), [
+    ("[-] SQLite /d/mqserver.sqlite3: 1 queues, 1000000 messages recovered in 2.460 s (replay)",
+     2.46),
+    ("[-] log /d/log: 2 queues, 10 messages recovered in 0.004 s (replay)", 0.004),
+    ("[-] clean-shutdown snapshot /d/mqserver.snapshot used: 1 queues, 1000000 messages read "
+     "in 0.300 s (no replay)", 0.3),
+    ("1:M 27 Nov 2026 12:00:00.000 * DB loaded from incr file appendonly.aof.1.incr.aof: "
+     "0.151 seconds\n1:M 27 Nov 2026 12:00:00.000 * DB loaded from append only file: "
+     "0.152 seconds", 0.152),
+])
+def test_the_recovery_time_a_server_logs_is_read_from_its_log(line: str, seconds: float):
+    assert reported_recovery(Logged(f"starting\n{line}\nlistening\n"), wait=0) == seconds
+    assert reported_recovery(Logged("starting\nlistening\n"), wait=0) is None

@@ -45,10 +45,10 @@ from mqserver.model import (
     RecoveredQueue,
 )
 from mqserver.packed import Backlog, Chunk, share_recovered_values
-from mqserver.storage import log_index, snapshot
 from mqserver.storage import log_records as records
+from mqserver.storage import snapshot
 from mqserver.storage.errors import StoreFormatError
-from mqserver.storage.log_index import LogIndex, SeqIndex, loc
+from mqserver.storage.log_index import LogIndex, loc
 from mqserver.storage.log_segment import SegmentFiles
 
 
@@ -75,7 +75,7 @@ class Replay:
     Nearly every record is an ENQUEUE, a REMOVE or a COMMIT, and a crash
     restart walks a million of them: ``segment`` walks valid frames with
     those three inline (``_walk``, few interpreter steps a record) and
-    ``_commit`` moves the index as ``log_batch`` does at run time; every other
+    ``_commit`` hands the two message ops straight to the index; every other
     op goes through ``replay_op`` and ``apply``.  The first frame that does
     not check hands the rest of the segment to the careful walk
     (``records.iter_frames``), which skips damage and says where.
@@ -162,7 +162,7 @@ class Replay:
                 count, next_seq = commit_of(data, start + 1)
                 if count != len(pending):
                     break  # the careful walk says what the batch lost
-                self._commit(number, pending)
+                self._commit(pending)
                 pending.clear()
                 if next_seq > self.next_seq:
                     self.next_seq = next_seq
@@ -203,7 +203,7 @@ class Replay:
                     notes.append(("warn", f"log segment {number}: the batch ending at offset "
                                           f"{offset} lost records ({len(pending)} of {op[1]} "
                                           "left); applying what is left"))
-                self._commit(number, pending)
+                self._commit(pending)
                 pending.clear()
                 damaged = False
                 self.next_seq = max(self.next_seq, op[2])
@@ -212,50 +212,25 @@ class Replay:
                 pending.append((0, op, loc(number, offset, size)))
         return good_end
 
-    def _commit(self, number: int, pending: list[tuple[Any, ...]]) -> None:
-        """Apply a batch's ops, written in segment ``number``: ENQUEUE and REMOVE
-        inline (``put_message`` and ``remove_message``, as ``log_batch`` does; live
-        bytes summed), the others through ``apply``."""
+    def _commit(self, pending: list[tuple[Any, ...]]) -> None:
+        """Apply a batch's ops: ENQUEUE and REMOVE straight to the index, the others
+        through ``apply``."""
         index = self.index
-        messages, live = index.messages, index.live
-        archive_at = log_index.ARCHIVE_AT  # read here: a test may make it small
-        live.setdefault(number, 0)
-        added = dropped = 0
+        put, remove = index.put_message, index.remove_message
         next_seq = self.next_seq
         for item in pending:
             kind = item[0]
             if kind == K_ENQUEUE:
-                _, queue, seq, location = item
-                by_seq = messages.get(queue)
-                if by_seq is None:
-                    by_seq = messages[queue] = SeqIndex()
-                old = by_seq.get(seq)
-                if old is None and seq <= by_seq.last:  # an archived seq (SeqIndex)
-                    old = by_seq.put_old(seq, location)
-                else:
-                    by_seq[seq] = location
-                    if len(by_seq) > archive_at:
-                        by_seq.archive()
-                added += location & _MASK
-                if old is not None:
-                    live[old >> 64] -= old & _MASK
-                    dropped += old & _MASK
-                if seq >= next_seq:
-                    next_seq = seq + 1
+                put(item[1], item[2], item[3])
+                if item[2] >= next_seq:
+                    next_seq = item[2] + 1
             elif kind == K_REMOVE:
-                by_seq = messages.get(item[1])
-                old = None if by_seq is None else by_seq.pop(item[2], None)
-                if old is None and by_seq is not None and item[2] <= by_seq.last:
-                    old = by_seq.take(item[2])
-                if old is not None:
-                    live[old >> 64] -= old & _MASK
-                    dropped += old & _MASK
+                remove(item[1], item[2])
             else:
                 self.next_seq = next_seq
                 self.apply(item[1], item[2])
                 next_seq = self.next_seq
         self.next_seq = next_seq
-        index.settle_batch(number, added, dropped)
 
     def result(self, segments: dict[int, bytes], notes: list[tuple[str, str]]) -> Recovered:
         """The state, each live message decoded from ``segments`` (number -> data)."""
