@@ -24,9 +24,11 @@ Log lines are returned as notes and logged by the reactor thread.
 from __future__ import annotations
 
 import struct
+import threading
 import time
 import zlib
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from mqserver.model import (
@@ -48,6 +50,7 @@ from mqserver.packed import Backlog, Chunk, share_recovered_values
 from mqserver.storage import log_records as records
 from mqserver.storage import snapshot
 from mqserver.storage.errors import StoreFormatError
+from mqserver.storage.log_chunks import DECODE_ERRORS, ReplayChunk, any_expiry, message_fields
 from mqserver.storage.log_index import LogIndex, loc
 from mqserver.storage.log_segment import SegmentFiles
 
@@ -67,10 +70,11 @@ class Replay:
     """Applies recovered ops to the index, the options and the records.
 
     Messages are not decoded while the log is replayed: the index keeps where
-    each live one is, and ``result`` decodes only those, once, in seq order,
-    into a packed ``Backlog`` per queue.  So a message published and acked
-    long ago costs nothing, and a million live ones are never a million
-    objects at once.
+    each live one is, and ``result`` packs only those, in seq order, into a
+    ``Backlog`` per queue, a chunk's worth at a time, each a ``ReplayChunk``
+    the broker decodes once it serves (``log_chunks``; one with a TTL at
+    once).  So a message published and acked long ago costs nothing, and a
+    million live ones are never a million objects at once.
 
     Nearly every record is an ENQUEUE, a REMOVE or a COMMIT, and a crash
     restart walks a million of them: ``segment`` walks valid frames with
@@ -233,33 +237,35 @@ class Replay:
         self.next_seq = next_seq
 
     def result(self, segments: dict[int, bytes], notes: list[tuple[str, str]]) -> Recovered:
-        """The state, each live message decoded from ``segments`` (number -> data)."""
+        """The state, each live message in ``segments`` (number -> data) packed."""
         recovered = Recovered(
             next_seq=self.next_seq,
             records={ns: dict(values) for ns, values in self.records.items() if values},
         )
-        frame, size = records.FRAME_SIZE, Backlog.chunk_size
+        size, lock = Backlog.chunk_size, threading.Lock()
         for name in self.index.queue_names():
             by_seq = self.index.messages.get(name)
             backlog = Backlog()
-            rows: list[tuple[Any, ...]] = []
-            for seq, location in [] if by_seq is None else by_seq.everything():
-                # location: see log_index.loc
-                data = segments[location >> 64]
-                start = ((location >> 32) & _MASK) + frame
-                at = start + (1 if data[start] == records.K_ENQUEUE else 9)
-                try:
-                    rows.append(records.message_fields(
-                        data, at, start - frame + (location & _MASK)))
-                except (records.FormatError, struct.error, ValueError,
-                        UnicodeDecodeError) as e:
-                    notes.append(("error", f"log: message {seq} of queue {name!r} cannot be "
-                                           f"decoded ({e}); skipped"))
+            entries = iter(()) if by_seq is None else by_seq.everything()
+            while block := list(islice(entries, size)):
+                locations = [location for _, location in block]
+                if len(block) == size and not any_expiry(segments, locations):
+                    # decoded once the broker serves (``log_chunks``)
+                    backlog.append_chunk(ReplayChunk(name, segments, locations, block[0][0],
+                                                     block[-1][0], lock))
+                    continue
+                rows: list[tuple[Any, ...]] = []
+                for seq, location in block:
+                    try:
+                        rows.append(message_fields(segments, location))
+                    except DECODE_ERRORS as e:
+                        notes.append(("error", f"log: message {seq} of queue {name!r} cannot "
+                                               f"be decoded ({e}); skipped"))
                 if len(rows) == size:
                     # packed as they are decoded, never made messages
                     backlog.append_chunk(Chunk.of_columns(*zip(*rows, strict=True)))
-                    rows.clear()
-            backlog.extend(Message(*row) for row in rows)
+                else:
+                    backlog.extend(Message(*row) for row in rows)
             recovered.queues[name] = RecoveredQueue(
                 name,
                 self.options.get(name, QueueOptions()),
