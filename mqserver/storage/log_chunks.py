@@ -7,12 +7,11 @@ decoding was half the replay (1.9 of 3.7 s of CPU on the build machine),
 all of it before the server listened.  A ``ReplayChunk`` stands for a
 chunk's worth of one queue's live messages by their seqs and their places
 in the segments the replay read, so the broker counts and orders them at
-once.  It is a snapshot's ``MappedChunk`` (``snapshot_chunks``) in all
-but where its columns come from: made whole by ``check``, which the
-broker's service runs in a thread once it listens (``packed.check_thd``)
-and a queue runs before its first read (``PackedReady.settle``); the first
-read of a content attribute then fills the chunk's own slots, and from then
-on it is an ordinary ``Chunk``.
+once.  As a snapshot's ``MappedChunk`` (``snapshot_chunks``), it is made
+whole by ``check``, which the broker's service runs in a thread once it
+listens (``packed.check_thd``) and a queue runs before its first read
+(``PackedReady.settle``); the first read of a content attribute then
+fills the chunk's own slots, and from then on it is an ordinary ``Chunk``.
 
 Only chunks without TTLs wait: the broker's expiry heap needs every expiry
 time at the load, so a chunk holding one is decoded at once (one flag byte
@@ -25,18 +24,20 @@ logs; its records stay in the log.
 
 from __future__ import annotations
 
+import math
 import struct
 import threading
 from typing import Any
 
 from mqserver.packed import Chunk
 from mqserver.storage import log_records as records
-from mqserver.storage.snapshot_chunks import MappedChunk
 
 _MASK = 0xFFFFFFFF  # a location's offset, or its frame size (``log_index.loc``)
 _FLAGS_AT = 28  # the flags byte in ``records.MESSAGE_HEAD``
 _HAS_EXPIRES = 1
 DECODE_ERRORS = (records.FormatError, struct.error, ValueError, UnicodeDecodeError)
+_CONTENT = frozenset(("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
+                      "numbers", "queues", "retries", "seqs", "sources"))
 _FRAME = records.FRAME_SIZE
 
 
@@ -63,25 +64,56 @@ def any_expiry(segments: dict[int, bytes], locations: list[int]) -> bool:
     return False
 
 
-class ReplayChunk(MappedChunk):
-    """A chunk whose messages are still in the replayed segments (module docstring).
+class ReplayChunk(Chunk):
+    """A chunk whose messages are still in the replayed segments (module docstring)."""
 
-    A snapshot's ``MappedChunk`` in all but where its columns come from: the
-    count, seqs, sharing and the filling of the slots at the first read are
-    its; ``check`` decodes the messages instead of reading a section."""
-
-    __slots__ = ("_decoded", "_locations", "_lock", "_segments")
+    __slots__ = (
+        "_count",
+        "_decoded",
+        "_first",
+        "_last",
+        "_locations",
+        "_lock",
+        "_problem",
+        "_queue",
+        "_segments",
+        "_share",
+        "_sound",
+    )
 
     def __init__(self, queue: bytes, segments: dict[int, bytes], locations: list[int],
                  first: int, last: int, lock: threading.Lock) -> None:
-        # not MappedChunk's: no file, no section
         self._queue, self._segments, self._locations = queue, segments, locations
         self._count, self._first, self._last = len(locations), first, last
         self._lock = lock  # one for the replay's chunks: a check changes the state under it
         self._sound: bool | None = None  # None: not decoded yet
         self._decoded: Chunk | None = None  # the messages, until the slots take them
         self._problem = ""
-        self._share = None
+        self._share: tuple[bytes, dict[bytes, bytes], dict[str, str]] | None = None
+
+    @property
+    def count(self) -> int:
+        return self._count
+
+    @property
+    def first_expiry(self) -> float:
+        return math.inf  # a chunk with TTLs is decoded at the replay
+
+    def expiry_values(self) -> list[float]:
+        return []
+
+    def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
+        """Kept for the decode: sharing needs the columns."""
+        self._share = (queue, names, sources)
+
+    @property
+    def unchecked(self) -> bool:
+        """Not decoded yet, or does not decode (``PackedReady.settle``)."""
+        return self._sound is not True
+
+    @property
+    def seq_range(self) -> tuple[int, int]:
+        return self._first, self._last
 
     def check(self) -> str | None:
         """None once the messages are decoded (kept until the first read), else why
@@ -105,15 +137,22 @@ class ReplayChunk(MappedChunk):
         return (f"{self._count} messages of queue {self._queue!r} (seqs {self._first} to "
                 f"{self._last}) in the log")
 
-    def parsed(self, expires: bool) -> Chunk:
-        """The decoded messages, once (``MappedChunk._parse`` fills the slots from
-        them at the first read); FormatError if they do not decode."""
+    def __getattr__(self, name: str) -> Any:
+        # only reached while a content slot is unset: decode, then it is set
+        if name not in _CONTENT:
+            raise AttributeError(name)
         problem = self.check()
         if problem is not None:
             raise records.FormatError(f"{self.describe()}: {problem}")
-        decoded, self._decoded = self._decoded, None
-        assert decoded is not None
-        return decoded
+        decoded = self._decoded
+        if decoded is not None:  # else another read filled the slots already
+            for slot in _CONTENT:
+                setattr(self, slot, getattr(decoded, slot))
+            self._decoded = None
+            if self._share is not None:
+                Chunk.share(self, *self._share)
+                self._share = None
+        return object.__getattribute__(self, name)
 
 
 __all__ = ["DECODE_ERRORS", "ReplayChunk", "any_expiry", "head_at", "message_fields"]
