@@ -7,7 +7,7 @@ decoding was half the replay (1.9 of 3.7 s of CPU on the build machine),
 all of it before the server listened.  A ``ReplayChunk`` stands for a
 chunk's worth of one queue's live messages by their seqs and their places
 in the segments the replay read, so the broker counts and orders them at
-once.  As a snapshot's ``MappedChunk`` (``snapshot_chunks``), it is made
+once.  As a snapshot's ``LazyChunk`` (``snapshot_chunks``), it is made
 whole by ``check``, which the broker's service runs in a thread once it
 listens (``packed.check_thd``) and a queue runs before its first read
 (``PackedReady.settle``); the first read of a content attribute then
@@ -36,8 +36,7 @@ _MASK = 0xFFFFFFFF  # a location's offset, or its frame size (``log_index.loc``)
 _FLAGS_AT = 28  # the flags byte in ``records.MESSAGE_HEAD``
 _HAS_EXPIRES = 1
 DECODE_ERRORS = (records.FormatError, struct.error, ValueError, UnicodeDecodeError)
-_CONTENT = frozenset(("bodies", "body_ends", "events", "expires", "headers", "id_ends", "ids",
-                      "numbers", "queues", "retries", "seqs", "sources"))
+_CONTENT = frozenset(name for name in Chunk.__slots__ if not name.startswith("_pad"))
 _FRAME = records.FRAME_SIZE
 
 
