@@ -7,7 +7,7 @@ decoding was half the replay (1.9 of 3.7 s of CPU on the build machine),
 all of it before the server listened.  A ``ReplayChunk`` stands for a
 chunk's worth of one queue's live messages by their seqs and their places
 in the segments the replay read, so the broker counts and orders them at
-once.  As a snapshot's ``LazyChunk`` (``snapshot_chunks``), it is made
+once.  It is a ``pending_chunk.PendingChunk``, as a snapshot's ``LazyChunk``: made
 whole by ``check``, which the broker's service runs in a thread once it
 listens (``packed.check_thd``) and a queue runs before its first read
 (``PackedReady.settle``); the first read of a content attribute then
@@ -24,19 +24,18 @@ logs; its records stay in the log.
 
 from __future__ import annotations
 
-import math
 import struct
 import threading
 from typing import Any
 
 from mqserver.packed import Chunk
 from mqserver.storage import log_records as records
+from mqserver.storage.pending_chunk import PendingChunk
 
 _MASK = 0xFFFFFFFF  # a location's offset, or its frame size (``log_index.loc``)
 _FLAGS_AT = 28  # the flags byte in ``records.MESSAGE_HEAD``
 _HAS_EXPIRES = 1
 DECODE_ERRORS = (records.FormatError, struct.error, ValueError, UnicodeDecodeError)
-_CONTENT = frozenset(name for name in Chunk.__slots__ if not name.startswith("_pad"))
 _FRAME = records.FRAME_SIZE
 
 
@@ -63,56 +62,17 @@ def any_expiry(segments: dict[int, bytes], locations: list[int]) -> bool:
     return False
 
 
-class ReplayChunk(Chunk):
+class ReplayChunk(PendingChunk):
     """A chunk whose messages are still in the replayed segments (module docstring)."""
 
-    __slots__ = (
-        "_count",
-        "_decoded",
-        "_first",
-        "_last",
-        "_locations",
-        "_lock",
-        "_problem",
-        "_queue",
-        "_segments",
-        "_share",
-        "_sound",
-    )
+    __slots__ = ("_decoded", "_locations", "_lock", "_segments")
 
     def __init__(self, queue: bytes, segments: dict[int, bytes], locations: list[int],
                  first: int, last: int, lock: threading.Lock) -> None:
-        self._queue, self._segments, self._locations = queue, segments, locations
-        self._count, self._first, self._last = len(locations), first, last
+        super().__init__(queue, len(locations), first, last)
+        self._segments, self._locations = segments, locations
         self._lock = lock  # one for the replay's chunks: a check changes the state under it
-        self._sound: bool | None = None  # None: not decoded yet
         self._decoded: Chunk | None = None  # the messages, until the slots take them
-        self._problem = ""
-        self._share: tuple[bytes, dict[bytes, bytes], dict[str, str]] | None = None
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    @property
-    def first_expiry(self) -> float:
-        return math.inf  # a chunk with TTLs is decoded at the replay
-
-    def expiry_values(self) -> list[float]:
-        return []
-
-    def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
-        """Kept for the decode: sharing needs the columns."""
-        self._share = (queue, names, sources)
-
-    @property
-    def unchecked(self) -> bool:
-        """Not decoded yet, or does not decode (``PackedReady.settle``)."""
-        return self._sound is not True
-
-    @property
-    def seq_range(self) -> tuple[int, int]:
-        return self._first, self._last
 
     def check(self) -> str | None:
         """None once the messages are decoded (kept until the first read), else why
@@ -131,27 +91,16 @@ class ReplayChunk(Chunk):
                     self._segments = self._locations = None  # type: ignore[assignment]
         return None if self._sound else self._problem
 
-    def describe(self) -> str:
-        """Which messages: for the broker's log line about a chunk it withholds."""
-        return (f"{self._count} messages of queue {self._queue!r} (seqs {self._first} to "
-                f"{self._last}) in the log")
+    def _where(self) -> str:
+        return "the log"
 
-    def __getattr__(self, name: str) -> Any:
-        # only reached while a content slot is unset: decode, then it is set
-        if name not in _CONTENT:
-            raise AttributeError(name)
+    def _columns(self) -> Chunk:
         problem = self.check()
         if problem is not None:
             raise records.FormatError(f"{self.describe()}: {problem}")
-        decoded = self._decoded
-        if decoded is not None:  # else another read filled the slots already
-            for slot in _CONTENT:
-                setattr(self, slot, getattr(decoded, slot))
-            self._decoded = None
-            if self._share is not None:
-                Chunk.share(self, *self._share)
-                self._share = None
-        return object.__getattribute__(self, name)
+        decoded, self._decoded = self._decoded, None
+        assert decoded is not None
+        return decoded
 
 
 __all__ = ["DECODE_ERRORS", "ReplayChunk", "any_expiry", "head_at", "message_fields"]

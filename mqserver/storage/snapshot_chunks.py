@@ -28,15 +28,14 @@ its descriptor keeps it readable until the last chunk let go of it.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 import weakref
 import zlib
 from pathlib import Path
-from typing import Any
 
 from mqserver.packed import Chunk
+from mqserver.storage.pending_chunk import PendingChunk
 from mqserver.storage.snapshot_sections import (
     ChunkEntry,
     SectionReader,
@@ -45,7 +44,6 @@ from mqserver.storage.snapshot_sections import (
 )
 
 _SECTION_HEAD = 12  # u64 length | u32 crc32, before each section's payload
-_CONTENT = frozenset(name for name in Chunk.__slots__ if not name.startswith("_pad"))
 
 
 class SnapshotFile:
@@ -68,43 +66,18 @@ class SnapshotFile:
         return data
 
 
-class LazyChunk(Chunk):
+class LazyChunk(PendingChunk):
     """A chunk whose columns are still in the snapshot file (module docstring)."""
 
-    __slots__ = ("_count", "_crc", "_file", "_first", "_last", "_length", "_offset",
-                 "_problem", "_queue", "_raw", "_share", "_sound", "_swap")
+    __slots__ = ("_crc", "_file", "_length", "_offset", "_raw", "_swap")
 
     def __init__(self, file: SnapshotFile, offset: int, length: int, crc: int, count: int,
                  first: int, last: int, queue: bytes) -> None:
+        super().__init__(queue, count, first, last)
         self._file: SnapshotFile | None = file  # until the chunk is known sound
         self._swap = file.swap
         self._offset, self._length, self._crc = offset, length, crc
-        self._count, self._first, self._last = count, first, last
-        self._queue = queue
-        self._sound: bool | None = None  # None: not checked yet
         self._raw: bytes | None = None  # the checked payload, until it is parsed
-        self._problem = ""
-        self._share: tuple[bytes, dict[bytes, bytes], dict[str, str]] | None = None
-
-    @property
-    def count(self) -> int:
-        return self._count
-
-    @property
-    def first_expiry(self) -> float:
-        return math.inf  # a chunk with TTLs is read at the open
-
-    def expiry_values(self) -> list[float]:
-        return []
-
-    def share(self, queue: bytes, names: dict[bytes, bytes], sources: dict[str, str]) -> None:
-        """Kept for the parse: sharing needs the columns."""
-        self._share = (queue, names, sources)
-
-    @property
-    def unchecked(self) -> bool:
-        """Not known to be sound: not checked yet, or damaged (``PackedReady.settle``)."""
-        return self._sound is not True
 
     def check(self) -> str | None:
         """None if the chunk's bytes are sound (read and kept), else why not.
@@ -133,30 +106,11 @@ class LazyChunk(Chunk):
         return raw, ChunkEntry(self._length, self._crc, self._count, self._first, self._last,
                                False)
 
-    @property
-    def seq_range(self) -> tuple[int, int]:
-        """The first and last seq of its messages, as the state lists them."""
-        return self._first, self._last
+    def _where(self) -> str:
+        return str(self._file.path) if self._file else "the snapshot"
 
-    def describe(self) -> str:
-        """Which messages: for the broker's log line about a damaged chunk."""
-        return (f"{self._count} messages of queue {self._queue!r} (seqs {self._first} to "
-                f"{self._last}) in {self._file.path if self._file else 'the snapshot'}")
-
-    def __getattr__(self, name: str) -> Any:
-        # only reached while a content slot is unset: parse, then it is set
-        if name not in _CONTENT:
-            raise AttributeError(name)
-        self._parse()
-        return getattr(self, name)
-
-    def _parse(self) -> None:
-        chunk = self.parsed(expires=False)
-        for name in _CONTENT:
-            setattr(self, name, getattr(chunk, name))
-        if self._share is not None:
-            Chunk.share(self, *self._share)
-            self._share = None
+    def _columns(self) -> Chunk:
+        return self.parsed(expires=False)
 
     def parsed(self, expires: bool) -> Chunk:
         """The chunk's columns as an ordinary ``Chunk`` (checked first); ``expires``:
