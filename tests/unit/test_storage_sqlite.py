@@ -17,11 +17,11 @@ from mqserver.packed import Backlog
 from mqserver.storage.errors import StoreFormatError, StoreLockedError
 from mqserver.storage.sqlite import (
     SCHEMA_VERSION,
-    RowShape,
     SQLiteStore,
     schema_script,
     upgrade_steps,
 )
+from mqserver.storage.sqlite_rows import RowShape
 from mqserver.testing import StoreContract, message
 
 
