@@ -193,17 +193,21 @@ def memory(make: ClientFactory, server: Server, queue: str, count: int,
     return result
 
 
-def settled_rss(server: Server, step: float = 1.0, still: int = 5, most: float = 40.0) -> int:
-    r"""RSS once it has not fallen by more than 1 MB for ``still`` ``step``\ s in a row
-    (at most ``most`` seconds): long enough for two looks of mqserver's
-    ``--pack-at-rest`` (1 s apart) and the packing after them."""
+def settled_rss(server: Server, step: float = 1.0, still: int = 5, most: float = 40.0,
+                either_way: bool = False) -> int:
+    r"""RSS once it has not fallen (``either_way``: moved) by more than 1 MB for
+    ``still`` ``step``\ s in a row (at most ``most`` seconds): long enough for two
+    looks of mqserver's ``--pack-at-rest`` (1 s apart) and the packing after
+    them; either way after a restart, as mqserver's background read of what it
+    recovered raises it."""
     rss = server.rss_bytes()
     steady = 0
     deadline = time.perf_counter() + most
     while steady < still and time.perf_counter() < deadline:
         time.sleep(step)
         now = server.rss_bytes()
-        steady = steady + 1 if now > rss - 1_000_000 else 0
+        moved = abs(now - rss) if either_way else rss - now
+        steady = steady + 1 if moved < 1_000_000 else 0
         rss = now
     return rss
 
@@ -258,25 +262,11 @@ def restart(make: ClientFactory, start: Callable[[], Server], queue: str, count:
         first = time.perf_counter() - started
         return {"count": count, "wall": wall, "recovery": wall, "first": first,
                 "client_cpu": cpu() - client_cpu, "server_cpu": server.cpu_seconds(),
-                "rss_before": before, "rss": steady_rss(server),
+                "rss_before": before,
+                "rss": settled_rss(server, 0.5, 4, 30.0, either_way=True),
                 "reported": reported_recovery(server)}
     finally:
         server.stop()
-
-
-def steady_rss(server: Server, step: float = 0.5, still: int = 4, most: float = 30.0) -> int:
-    r"""RSS once it has moved by less than 1 MB either way for ``still``
-    ``step``\ s in a row (at most ``most`` seconds): after mqserver's
-    background read of what it recovered, which raises it."""
-    rss = server.rss_bytes()
-    steady = 0
-    deadline = time.perf_counter() + most
-    while steady < still and time.perf_counter() < deadline:
-        time.sleep(step)
-        now = server.rss_bytes()
-        steady = steady + 1 if abs(now - rss) < 1_000_000 else 0
-        rss = now
-    return rss
 
 
 #: a server's own report of how long its recovery took, in its log: mqserver's

@@ -94,8 +94,9 @@ class BrokerService(MultiService):
     def _check_recovered(self) -> None:
         """Read and check the snapshot chunks recovered unread, in a thread, now
         that the broker serves (``mqserver.storage.snapshot_chunks``): a queue's
-        first delivery then finds its chunks checked, and a damaged one is
-        reported at once, not when it would have been read."""
+        reads then find its chunks checked (a delivery before that checks the
+        chunk it reaches), and a damaged one is reported at once, not when it
+        would have been read."""
         chunks = self.broker.unchecked_chunks()
         reactor = self.broker.clock
         if not chunks or not hasattr(reactor, "getThreadPool"):

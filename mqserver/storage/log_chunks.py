@@ -9,8 +9,8 @@ chunk's worth of one queue's live messages by their seqs and their places
 in the segments the replay read, so the broker counts and orders them at
 once.  It is a ``pending_chunk.PendingChunk``, as a snapshot's ``LazyChunk``: made
 whole by ``check``, which the broker's service runs in a thread once it
-listens (``packed.check_thd``) and a queue runs before its first read
-(``PackedReady.settle``); the first read of a content attribute then
+listens (``packed.check_thd``) and a queue runs before it reads the chunk
+(``PackedReady``); the first read of a content attribute then
 fills the chunk's own slots, and from then on it is an ordinary ``Chunk``.
 
 Only chunks without TTLs wait: the broker's expiry heap needs every expiry

@@ -6,8 +6,8 @@ Two starts hand the broker such chunks: a clean-shutdown snapshot's
 replay's (``log_chunks.ReplayChunk``: still in the replayed segments).  Each
 knows its count and seqs, so the broker serves at once, and is made whole
 by ``check``, which the broker's service runs in a thread once it listens
-(``packed.check_thd``) and a queue runs before its first read
-(``PackedReady.settle``).  The first read of a content attribute then fills
+(``packed.check_thd``) and a queue runs before it reads the chunk
+(``PackedReady``).  The first read of a content attribute then fills
 the ``Chunk``'s own slots, and from then on it is an ordinary chunk.  What
 differs between the two, where the columns come from, is ``check`` and
 ``_columns``.

@@ -12,7 +12,8 @@ accepts from the first moment, and its bytes are read later:
   error is an ``OSError``, never the ``SIGBUS`` a mapped page would raise)
   and verifies its checksum; a sound section's bytes are kept.  Thread-safe:
   the broker's service checks every chunk in a thread once it listens
-  (``packed.check_thd``), and a queue checks what is left on its first delivery
+  (``packed.check_thd``), and a queue checks the chunk a delivery reaches
+  (``PackedReady._settle_front``), or what is left before any other read
   (``PackedReady.settle``).
 - The first read of a content attribute (``unpack``, ``message``, ``parts``
   ...) parses the kept bytes into the ``Chunk``'s own slots; from then on

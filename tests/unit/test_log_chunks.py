@@ -99,7 +99,7 @@ def test_a_chunk_with_a_ttl_is_decoded_at_the_replay(tmp_path: Path) -> Any:
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_chunk_that_does_not_decode_is_withheld_before_any_read(tmp_path: Path) -> Any:
+def test_a_chunk_that_does_not_decode_is_withheld_before_it_is_read(tmp_path: Path) -> Any:
     messages = sent(12)
     backlog = yield replayed(tmp_path, messages, damage=6)
     damaged = backlog.chunks[1]
@@ -110,6 +110,9 @@ def test_a_chunk_that_does_not_decode_is_withheld_before_any_read(tmp_path: Path
     withheld: list[Chunk] = []
     ready = PackedReady.of_backlog(backlog, SIZE, on_withheld=withheld.extend)
     assert ready.unsettled and len(ready) == 12
-    assert ready  # asking whether any is ready settles first
-    assert withheld == [damaged] and len(ready) == 8
-    assert [m.seq for m in ready] == [1, 2, 3, 4, 9, 10, 11, 12]
+    assert ready  # asking whether any is ready checks the front chunk alone
+    assert withheld == [] and len(ready) == 12
+    assert [ready.popleft().seq for _ in range(4)] == [1, 2, 3, 4]
+    assert ready  # the front is now the damaged chunk: set aside, the next one read
+    assert withheld == [damaged] and len(ready) == 4
+    assert [m.seq for m in ready] == [9, 10, 11, 12]

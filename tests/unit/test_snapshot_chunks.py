@@ -137,11 +137,23 @@ def test_a_packed_ready_settles_before_its_first_read(tmp_path):
     ready = PackedReady.of_backlog(saved.recovered.queues[b"q"].messages, SIZE,
                                    on_withheld=withheld.extend)
     assert len(ready) == 10 and ready.unsettled  # counted at once, nothing read
-    assert ready  # asking whether any is ready settles
+    assert ready  # asking whether any is ready checks the front until a sound chunk
     assert [chunk.seq_range for chunk in withheld] == [(1, 4)]
-    assert len(ready) == 6 and not ready.unsettled
+    assert len(ready) == 6 and ready.unsettled, "the chunks behind it wait for the thread"
     assert [ready.popleft().seq for _ in range(6)] == [*range(5, 11)]
     assert not ready
+
+
+def test_a_first_delivery_reads_the_front_chunk_alone(tmp_path):
+    """A consumer that comes before the broker's thread checked the chunks waits
+    for one chunk, not for the whole backlog."""
+    path = _write(tmp_path, _messages(12))
+    saved = snapshot.read(path, 7)
+    ready = PackedReady.of_backlog(saved.recovered.queues[b"q"].messages, SIZE)
+    assert ready and ready[0].seq == 1 and ready.popleft().seq == 1
+    assert [chunk.unchecked for chunk in ready.chunks] == [True, True]
+    assert ready[-1].seq == 12, "any other lookup settles the whole queue"
+    assert not ready.unsettled and not any(chunk.unchecked for chunk in ready.chunks)
 
 
 @settings(max_examples=60, deadline=None,
