@@ -124,19 +124,19 @@ class Broker(Publishing, Subscriptions, Topology, Settling, Overflow):
             self.records.setdefault(namespace, {}).update(values)
 
     def withhold(self, chunks: list[Any]) -> None:
-        """Snapshot chunks that cannot be read (``Chunk.check``), already out of
-        their queue: logged, and counted so that this process writes no
-        snapshot at its stop.  Their messages are still in the store, which
-        the next start then replays: nothing is lost, and nothing damaged is
-        delivered."""
+        """Recovered chunks that cannot be read (``Chunk.check``: a snapshot's or a
+        log replay's), already out of their queue: logged, and counted so that
+        this process writes no snapshot at its stop.  Their messages are still
+        in the store, which the next start then replays: nothing is lost, and
+        nothing damaged is delivered."""
         for chunk in chunks:
             self.withheld += chunk.count
-            log.error("clean-shutdown snapshot: {which} cannot be read ({why}); withheld "
-                      "until the next start, which replays the store (no snapshot is written "
-                      "at this stop)", which=chunk.describe(), why=chunk.check())
+            log.error("{which} cannot be read ({why}); withheld until the next start, which "
+                      "replays the store (no snapshot is written at this stop)",
+                      which=chunk.describe(), why=chunk.check())
 
     def unchecked_chunks(self) -> list[Any]:
-        """The snapshot chunks not checked yet of every queue (``PackedReady.settle``)."""
+        """The recovered chunks not checked yet of every queue (``PackedReady.settle``)."""
         return [chunk for queue in self.queues.values() if isinstance(queue.ready, PackedReady)
                 and queue.ready.unsettled for chunk in queue.ready.chunks if chunk.unchecked]
 

@@ -103,7 +103,7 @@ class BrokerService(MultiService):
             return  # each queue checks its own at its first read
         d = deferToThreadPool(reactor, reactor.getThreadPool(), check_thd, chunks)
         d.addCallback(lambda _: self.broker.settle_recovered())
-        d.addErrback(lambda f: log.failure("checking the snapshot's chunks failed", f))
+        d.addErrback(lambda f: log.failure("checking the recovered chunks failed", f))
 
     def _start_failed(self, failure: Any) -> None:
         self.storage_error = failure.getErrorMessage()
@@ -159,8 +159,9 @@ class BrokerService(MultiService):
             saved = yield clean.close_clean(durable_state(self.broker))
         else:
             if self.broker.withheld:
-                log.warn("no clean-shutdown snapshot: {n} messages of a damaged one were "
-                         "withheld, and the next start replays the store", n=self.broker.withheld)
+                log.warn("no clean-shutdown snapshot: {n} messages were withheld (recovered, "
+                         "they cannot be read), and the next start replays the store",
+                         n=self.broker.withheld)
             saved = False
             yield store.close()
         log.info("stopped: store closed with {ready} messages ready{how}",

@@ -67,6 +67,8 @@ class ReplayChunk(PendingChunk):
 
     __slots__ = ("_decoded", "_locations", "_lock", "_segments")
 
+    origin = "log replay"
+
     def __init__(self, queue: bytes, segments: dict[int, bytes], locations: list[int],
                  first: int, last: int, lock: threading.Lock) -> None:
         super().__init__(queue, len(locations), first, last)

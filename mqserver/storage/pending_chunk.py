@@ -33,6 +33,9 @@ class PendingChunk(Chunk, metaclass=ABCMeta):
 
     __slots__ = ("_count", "_first", "_last", "_problem", "_queue", "_share", "_sound")
 
+    #: what recovered the chunk, first in ``describe`` (the broker's log line)
+    origin = "recovered"
+
     def __init__(self, queue: bytes, count: int, first: int, last: int) -> None:
         self._queue = queue
         self._count, self._first, self._last = count, first, last
@@ -70,9 +73,9 @@ class PendingChunk(Chunk, metaclass=ABCMeta):
         """None once the columns can be had, else why not (thread-safe)."""
 
     def describe(self) -> str:
-        """Which messages: for the broker's log line about a chunk it withholds."""
-        return (f"{self._count} messages of queue {self._queue!r} (seqs {self._first} to "
-                f"{self._last}) in {self._where()}")
+        """Which messages and whence: for the broker's log line about a chunk it withholds."""
+        return (f"{self.origin}: {self._count} messages of queue {self._queue!r} (seqs "
+                f"{self._first} to {self._last}) in {self._where()}")
 
     @abstractmethod
     def _where(self) -> str:

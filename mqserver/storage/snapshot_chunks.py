@@ -72,6 +72,8 @@ class LazyChunk(PendingChunk):
 
     __slots__ = ("_crc", "_file", "_length", "_offset", "_raw", "_swap")
 
+    origin = "clean-shutdown snapshot"
+
     def __init__(self, file: SnapshotFile, offset: int, length: int, crc: int, count: int,
                  first: int, last: int, queue: bytes) -> None:
         super().__init__(queue, count, first, last)
