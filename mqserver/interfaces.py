@@ -143,6 +143,12 @@ class IProtocolPlugin(Interface):
         :return: a list of ``(label, endpoint_string, factory)``; the label
             names the listener in the ``"{label} listening on {host}:{port}"``
             log line (e.g. ``emqp-backend``).
+
+        A plugin may also name the options those endpoints come from in an
+        ``extra_endpoint_options`` tuple (eMQP: ``("emqp-backend",
+        "emqp-admin")``): ``makeService`` can then see, before the reactor is
+        imported, that no listener uses TLS and start without pyOpenSSL
+        (``mqserver.tls_import``).  Without it a server keeps TLS importable.
         """
 
 

@@ -46,6 +46,8 @@ class MQKSProtocolPlugin:
             workers=self._workers.setdefault(broker, []),
         )
 
+    extra_endpoint_options: tuple[str, ...] = ()
+
     def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
         return []
 
@@ -91,6 +93,8 @@ class PHPMQProtocolPlugin:
             limits=Limits.from_config(config),
         )
 
+    extra_endpoint_options: tuple[str, ...] = ()
+
     def extra_listeners(self, broker: Any, config: Any) -> list[tuple[str, str, Any]]:
         return []
 
@@ -122,6 +126,7 @@ class EMQPProtocolPlugin:
         ["emqp-dead-letter", None, "",
          "eMQP: queue that requests out of retries go to; empty: they are dropped."],
     ]
+    extra_endpoint_options = ("emqp-backend", "emqp-admin")
 
     def build_factory(self, broker: Any, config: Any) -> Any:
         from mqserver.protocols.emqp.protocol import service_for

@@ -279,6 +279,10 @@ def makeService(config: Options, reactor: Any = None) -> IService:
         # freezing it saves tens of ms of start-up.
         gc.freeze()
     if reactor is None:
+        from mqserver.tls_import import leave_out_tls
+
+        # before the reactor's import looks for pyOpenSSL (some 45 ms)
+        leave_out_tls(listener_endpoints(config))
         from twisted.internet import reactor as default_reactor
 
         reactor = default_reactor
@@ -409,6 +413,20 @@ def http_endpoints(config: Options) -> list[tuple[str, str]]:
     """``(label, endpoint)`` of the HTTP API (``--http``) and ``--metrics``, those that are on."""
     found = [] if config["no-http"] else [("http", config["http"])]
     return found + ([("metrics", config["metrics"])] if config["metrics"] else [])
+
+
+def listener_endpoints(config: Options) -> list[str] | None:
+    """Every endpoint ``makeService`` will listen on, known before it builds
+    anything; None if a protocol has extra listeners it does not name
+    (``extra_endpoint_options``)."""
+    found = [description for _, description in config["protocols"]]
+    for name in {name for name, _ in config["protocols"]}:
+        plugin = _PROTOCOLS[name]
+        options = getattr(plugin, "extra_endpoint_options", None)
+        if options is None:
+            return None
+        found += [str(config[option]) for option in options]
+    return found + [description for _, description in http_endpoints(config)]
 
 
 def http_sites(config: Options, broker: Any) -> list[tuple[str, str, Any]]:

@@ -21,11 +21,15 @@ Design, and why:
   ``schema/sqlite-vN-to-vM.sql`` steps upgrade one version each, in one
   transaction.  A new file runs the same steps, so a fresh database and an
   upgraded one cannot drift apart.
-- **sqlite-utils** runs the schema scripts, inspects tables, sets WAL and
-  reads state back.  The per-batch writes call ``executemany`` on its
-  connection directly: sqlite-utils' ``insert_all`` re-inspects the table on
-  every call and, in older releases, commits on its own, which would split a
-  batch into several transactions.
+- **sqlite-utils** inspects the tables and runs the schema scripts when a
+  database is created or upgraded, and reads the state back when the store
+  replays.  It is imported only then: a start from the clean-shutdown
+  snapshot on a current schema needs the stdlib ``sqlite3`` alone, and
+  sqlite-utils' import (click, dateutil, pluggy, its regular expressions)
+  would be some 40 ms of a 300 ms start.  The per-batch writes call
+  ``executemany`` on the connection directly: sqlite-utils' ``insert_all``
+  re-inspects the table on every call and, in older releases, commits on its
+  own, which would split a batch into several transactions.
 
 ``--sqlite-sync``: ``full`` (the default) fsyncs the WAL at every commit, so
 what a confirm acknowledged survives a power cut.  ``normal`` fsyncs only at
@@ -41,9 +45,8 @@ import time
 from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sqlite_utils import Database
 from twisted.internet.defer import Deferred, fail
 from twisted.logger import Logger
 from zope.interface import implementer
@@ -70,6 +73,9 @@ from mqserver.storage import snapshot, sqlite_snapshot
 from mqserver.storage.errors import StoreClosedError, StoreFormatError, StoreLockedError
 from mqserver.storage.sqlite_rows import read_messages_thd
 from mqserver.storage.worker import StoreThread
+
+if TYPE_CHECKING:
+    from sqlite_utils import Database
 
 log = Logger()
 
@@ -212,7 +218,7 @@ class SQLiteStore:
         self.path = Path(path)
         self.sync = sync
         self._thread = StoreThread(reactor, "mqserver-sqlite")
-        self._db: Database | None = None  # used in the store thread only
+        self._conn: sqlite3.Connection | None = None  # used in the store thread only
         self.is_open = False
         self.figures = figures(SQLiteStore)
         # the clean-shutdown snapshot beside the database file, and whether
@@ -284,9 +290,9 @@ class SQLiteStore:
     # -- store thread -------------------------------------------------------
 
     def _connection(self) -> sqlite3.Connection:
-        if self._db is None:
+        if self._conn is None:
             raise StoreClosedError("SQLite store is not open")
-        return self._db.conn
+        return self._conn
 
     def _open_thd(self) -> tuple[Recovered, list[str]]:
         started = time.perf_counter()
@@ -297,12 +303,9 @@ class SQLiteStore:
         # issue, never ones the sqlite3 module opens or commits behind us.
         conn = sqlite3.connect(str(self.path), timeout=0.5, isolation_level=None)
         try:
-            # no sqlite-utils plugins on the broker's connection: looking for
-            # them reads every installed package's entry points (~20 ms a start)
-            db = Database(conn, execute_plugins=False)
             conn.execute("PRAGMA locking_mode=EXCLUSIVE")
             try:
-                db.enable_wal()
+                conn.execute("PRAGMA journal_mode=wal")
                 conn.execute("BEGIN EXCLUSIVE")
                 conn.execute("COMMIT")
             except sqlite3.OperationalError as e:
@@ -312,12 +315,12 @@ class SQLiteStore:
                     ) from e
                 raise
             conn.execute(f"PRAGMA synchronous={SYNC_MODES[self.sync]}")
-            upgraded = self._upgrade_thd(db)
+            upgraded = self._upgrade_thd(conn)
             notes = [upgraded] if upgraded else []
             recovered = sqlite_snapshot.take_thd(conn, self.snapshot_path, files, notes)
             self.from_snapshot = recovered is not None
             if recovered is None:
-                recovered = self._load_thd(db)
+                recovered = self._load_thd(utils(conn))
                 # what the bench reads as the store's own recovery time
                 # (``bench.workloads.reported_recovery``)
                 notes.append(f"SQLite {self.path}: {len(recovered.queues)} queues, "
@@ -326,17 +329,21 @@ class SQLiteStore:
         except BaseException:
             conn.close()
             raise
-        self._db = db
+        self._conn = conn
         return recovered, notes
 
-    def _upgrade_thd(self, db: Database) -> str | None:
+    def _upgrade_thd(self, conn: sqlite3.Connection) -> str | None:
         """Bring the schema to SCHEMA_VERSION; returns what it did, for the reactor to log."""
-        tables = set(db.table_names())
-        if "schema_version" in tables:
-            version = db.execute("SELECT version FROM schema_version").fetchone()[0]
-        elif tables:
-            raise StoreFormatError(f"{self.path} has tables but is not an mqserver database")
-        else:
+        try:
+            version = conn.execute("SELECT version FROM schema_version").fetchone()[0]
+        except (sqlite3.OperationalError, TypeError):
+            version = None  # no such table, or no row in it
+        if version == SCHEMA_VERSION:
+            return None  # every start but the first and an upgrade's: no sqlite-utils
+        db = utils(conn)
+        if version is None:
+            if db.table_names():
+                raise StoreFormatError(f"{self.path} has tables but is not an mqserver database")
             version = 0
         if version > SCHEMA_VERSION:
             raise StoreFormatError(
@@ -404,11 +411,20 @@ class SQLiteStore:
             raise
 
     def _close_thd(self) -> None:
-        db, self._db = self._db, None
-        if db is None:
+        conn, self._conn = self._conn, None
+        if conn is None:
             return
         try:
             # fold the WAL back so the file alone is the database
-            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
-            db.close()
+            conn.close()
+
+
+def utils(conn: sqlite3.Connection) -> Database:
+    """sqlite-utils on the store's connection, imported now (see the module's docstring)."""
+    from sqlite_utils import Database
+
+    # no sqlite-utils plugins on the broker's connection: looking for them
+    # reads every installed package's entry points (~20 ms)
+    return Database(conn, execute_plugins=False)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sqlite3
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -244,6 +246,30 @@ def test_a_clean_close_is_started_from_once(tmp_path: Path) -> Any:
     assert not store.from_snapshot
     assert [m.seq for m in again.queues[b"q"].messages] == \
         [m.seq for m in recovered.queues[b"q"].messages] == [1, 2]
+
+
+OPENED_WITH = """
+import sys
+from twisted.internet.task import Clock
+from mqserver.storage.sqlite import SQLiteStore
+store = SQLiteStore(sys.argv[1], reactor=Clock())
+store._open_thd()
+print(store.from_snapshot, "sqlite_utils" in sys.modules)
+"""
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_start_from_the_snapshot_leaves_sqlite_utils_unimported(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    yield closed_clean(path)
+    run = subprocess.run([sys.executable, "-c", OPENED_WITH, str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.stdout.split() == ["True", "False"]
+    # a replay (no snapshot now: the open above used it) reads through sqlite-utils
+    run = subprocess.run([sys.executable, "-c", OPENED_WITH, str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.stdout.split() == ["False", "True"], run.stderr[-3000:]
 
 
 @pytest_twisted.inlineCallbacks

@@ -275,6 +275,53 @@ def test_a_configuration_imports_only_what_it_needs(tmp_path):
     # the same imports appear once a configuration asks for them
     _, made = imported(tmp_path, "--storage=sqlite", "--http=tcp:0:interface=127.0.0.1",
                        "--protocol=phpmq:tcp:0:interface=127.0.0.1")
-    assert {"sqlite_utils", "twisted.web.server", "prometheus_client",
+    assert {"mqserver.storage.sqlite", "twisted.web.server", "prometheus_client",
             "mqserver.protocols.phpmq.protocol"} <= made
     assert under(made, ("mqserver.protocols.mqks", "mqserver.protocols.emqp", "zmq")) == set()
+
+
+WITH_THE_REACTOR = """
+import json, sys
+import twisted.plugins.mqserver_plugin
+from mqserver import tap
+options = tap.Options()
+options.parseOptions(sys.argv[1:])
+tap.makeService(options)
+print(json.dumps([sys.modules.get("OpenSSL", "absent") is None, "cryptography" in sys.modules]))
+"""
+
+
+def tls_imports(tmp_path, *args: str) -> list[bool]:
+    """[OpenSSL left out, cryptography imported] after ``makeService`` imports the reactor."""
+    run = subprocess.run([sys.executable, "-c", WITH_THE_REACTOR, "--storage=memory",
+                          f"--data-dir={tmp_path / 'data'}", *args],
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.splitlines()[-1])
+
+
+def test_plain_listeners_start_without_pyopenssl_and_tls_ones_with_it(tmp_path):
+    from tests.integration.test_tls import self_signed
+
+    # every built-in listener on its default (plain TCP) endpoint
+    assert tls_imports(tmp_path) == [True, False]
+    key, cert = self_signed(tmp_path)
+    tls = f"ssl:0:interface=127.0.0.1:privateKey={key}:certKey={cert}"
+    # one TLS listener among plain ones, an eMQP one that --protocol does not name
+    assert tls_imports(tmp_path, f"--emqp-admin={tls}") == [False, True]
+
+
+def test_listener_endpoints_are_every_protocol_extra_and_http_one():
+    options = parse("--protocol=mqks:tcp:1", "--protocol=emqp:tcp:2", "--emqp-backend=unix:/b",
+                    "--emqp-admin=tcp:4", "--http=tcp:5", "--metrics=tcp:6")
+    assert sorted(tap.listener_endpoints(options)) == \
+        ["tcp:1", "tcp:2", "tcp:4", "tcp:5", "tcp:6", "unix:/b"]
+
+
+def test_a_protocol_with_unnamed_extra_listeners_leaves_the_endpoints_unknown(monkeypatch):
+    class Unnamed:  # a plugin written before extra_endpoint_options
+        def extra_listeners(self, broker, config):
+            return []
+
+    monkeypatch.setitem(tap._PROTOCOLS, "mqks", Unnamed())
+    assert tap.listener_endpoints(parse("--protocol=mqks:tcp:1")) is None
