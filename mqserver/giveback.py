@@ -17,9 +17,9 @@ of memory are free:
   every log line Twisted's logger formats) is a new ``str`` each time,
   filed under its address: every log line during a fill left one or two
   such strings alive, each in a different arena.  With 1M messages
-  published to SQLite (whose writer logs "far behind" and "caught up"
-  some forty times in a fill) they kept 10 to 20 arenas; clearing the
-  cache (``sys._clear_type_cache``) lets them go;
+  published to SQLite (whose writer was far behind and caught up again
+  some forty times in a fill, each logged before ``behind_log``) they
+  kept 10 to 20 arenas; clearing the cache (``sys._clear_type_cache``) lets them go;
 - glibc's malloc gives back only the top of its heap by itself; the
   buffers a durable store's batches went through leave free holes below
   the packed chunks, which ``malloc_trim`` returns page by page.

@@ -36,6 +36,7 @@ from typing import Any
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 
+from mqserver.broker.behind_log import BehindLog
 from mqserver.giveback import malloc_trim
 
 log = Logger()
@@ -125,6 +126,7 @@ class MemoryAlarm:
         self.active = False
         # the store's writer is far behind (see the module docstring)
         self.store_waiting = False
+        self.behind_log = BehindLog(clock, lambda: (self.store_waiting, len(self.publishers)))
         self.used = 0
         self.alarms = 0
         # weak: a connection that went away without saying so is simply forgotten
@@ -149,6 +151,7 @@ class MemoryAlarm:
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
+        self.behind_log.stop()
 
     @property
     def paused(self) -> bool:
@@ -161,9 +164,7 @@ class MemoryAlarm:
             return
         was = self.paused
         self.store_waiting = waiting
-        log.info("storage writes {state}: {action} reading from {n} publishing connections",
-                 state="far behind" if waiting else "caught up",
-                 action="stopped" if waiting else "resumed", n=len(self.publishers))
+        self.behind_log.changed(waiting, len(self.publishers))
         if self.paused != was:
             self._pause_all(self.paused)
 
