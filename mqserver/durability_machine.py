@@ -6,7 +6,8 @@ Its rules are every state change the broker offers (publishing singles and
 runs, consuming, dispatch, each way to settle, TTL expiry, purge, deletes,
 an operator's move, bindings and options, connections going away, records,
 packing a backlog at rest), flushes of the
-writer's batches between them, and restarts.  At each restart and at the end
+writer's batches between them, restarts, and, on the log store, its
+checkpoint (a crash restart from it).  At each restart and at the end
 of an example a fresh store opened on the same files must recover exactly
 ``broker_state`` (see ``mqserver.durability``); at the end the batches are
 also replayed into new stores, cut after batch k, and must recover the state
@@ -480,6 +481,32 @@ class DurabilityMachine(RuleBasedStateMachine):
             yield self._open(self.clock.seconds(), (store, recovered))
         loaded = broker_state(self.broker)
         assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
+        self.broker.consume(self._connect(False), b"c0", b"q0", window)
+
+    @precondition(lambda self: getattr(self.store.inner, "checkpoints", None) is not None)
+    @rule(crash=st.booleans(), window=st.sampled_from([None, 2]))
+    @on_reactor
+    @inlineCallbacks
+    def checkpoint(self, crash: bool, window: int | None) -> Any:
+        """The log's checkpoint (``log_checkpoint``) at the end of what is written;
+        every later restart (a ``close`` writes no snapshot: as a crash leaves the
+        files) walks only what came after it.  With ``crash``, one at once: the
+        fresh store must start from the checkpoint and recover the model."""
+        yield self._settle()
+        assert (yield self.store.inner.checkpoints.now()), "no checkpoint written"
+        if not crash:
+            return
+        expected, next_seq = broker_state(self.broker), self.broker._seq
+        yield self.store.close()
+        store = self.make_store(self.path)
+        recovered = yield store.open()
+        try:
+            check_recovered(recovered, expected, next_seq, "after a crash following a checkpoint")
+            assert store.recovery.checkpoint is not None, store.recovery.notes
+        except BaseException:
+            yield store.close()
+            raise
+        yield self._open(self.clock.seconds(), (store, recovered))
         self.broker.consume(self._connect(False), b"c0", b"q0", window)
 
     def _damage(self, path: Path, damage: str | None, at: int) -> None:

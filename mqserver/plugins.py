@@ -174,6 +174,17 @@ def _fsync_policy(value: str) -> str:
 _fsync_policy.coerceDoc = "always, never or interval:MS."  # type: ignore[attr-defined]
 
 
+def _log_checkpoint(value: str) -> str:
+    """Checks ``--log-checkpoint`` while options are parsed (MIB:SECONDS or off)."""
+    from mqserver.storage.log_checkpoint import parse
+
+    parse(value)
+    return value
+
+
+_log_checkpoint.coerceDoc = "MIB:SECONDS or off."  # type: ignore[attr-defined]
+
+
 @implementer(IPlugin, IStoragePlugin)
 class SQLiteStoragePlugin:
     name = "sqlite"
@@ -204,6 +215,10 @@ class LogStoragePlugin:
          "(written to the OS at once, fsynced every MS ms) or never.", _fsync_policy],
         ["log-segment-mb", None, 64, "log: segment file size in MiB before a new one starts.",
          int],
+        ["log-checkpoint", None, "64:5",
+         "log: write the index at a durable position after MIB written or SECONDS after a "
+         "write (MIB:SECONDS; off: never), so a restart after a crash walks only the "
+         "records after it.", _log_checkpoint],
     ]
 
     def build_store(self, config: Any, reactor: Any) -> Any:
@@ -218,6 +233,7 @@ class LogStoragePlugin:
             segment_bytes=int(config.get("log-segment-mb", 64)) * 1024 * 1024,
             # a backlog at rest: its index goes to runs as the broker packs it
             index_at_rest=float(config.get("pack-at-rest", 1.0)),
+            checkpoint=str(config.get("log-checkpoint", "64:5")),
         )
 
 

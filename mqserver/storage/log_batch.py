@@ -107,7 +107,7 @@ def encode_batch(
                 dropped += old & _SIZE_MASK
         else:
             index.apply_op(op, location)
-            if kind == REQUEUE and op[1].seq >= next_seq:
-                next_seq = op[1].seq + 1
+            if kind == REQUEUE:  # as a replay counts it: the old seq too
+                next_seq = max(next_seq, op[1].seq + 1, op[2] + 1)
     index.settle_batch(segment, added, dropped)
     return parts, next_seq

@@ -64,6 +64,8 @@ class RecoveryResult:
     notes: list[tuple[str, str]] = field(default_factory=list)  # (level, text)
     truncated: int = 0  # bytes cut off torn tails
     skipped: int = 0  # damaged bytes skipped
+    walked: int = 0  # bytes of segments walked (from a checkpoint's position, or all)
+    checkpoint: tuple[int, int] | None = None  # (segment, offset) it started from
 
 
 class Replay:
@@ -90,6 +92,7 @@ class Replay:
         self.options: dict[bytes, QueueOptions] = {}
         self.records: dict[bytes, dict[bytes, bytes]] = {}
         self.next_seq = 1
+        self.walked = 0  # records of the batches applied (not their COMMITs)
 
     def apply(self, op: tuple[Any, ...], location: int) -> None:
         """One op, as ``replay_op`` gives it (messages by queue and seq only)."""
@@ -120,10 +123,13 @@ class Replay:
             self.records.get(op[1], {}).pop(op[2], None)
             index.delete_record(op[1], op[2])
 
-    def segment(self, number: int, data: bytes, result: RecoveryResult) -> int:
-        """Replay one segment's records; returns the end offset of its last complete batch."""
+    def segment(self, number: int, data: bytes, result: RecoveryResult,
+                start: int = records.HEADER_SIZE) -> int:
+        """Replay one segment's records from ``start`` (a batch's first record: its
+        header's end, or a checkpoint's position); returns the end offset of its
+        last complete batch."""
         pending: list[tuple[Any, ...]] = []
-        pos, good_end = self._walk(number, data, pending)
+        pos, good_end = self._walk(number, data, pending, start)
         if pos < len(data):
             good_end = self._careful(number, data, pos, good_end, pending, result)
         if pending:
@@ -131,8 +137,9 @@ class Replay:
                                          "unfinished batch (never acknowledged) discarded"))
         return good_end
 
-    def _walk(self, number: int, data: bytes, pending: list[tuple[Any, ...]]) -> tuple[int, int]:
-        """Replay valid frames from the segment's header on, each batch at its COMMIT;
+    def _walk(self, number: int, data: bytes, pending: list[tuple[Any, ...]],
+              start: int = records.HEADER_SIZE) -> tuple[int, int]:
+        """Replay valid frames from ``start`` on, each batch at its COMMIT;
         (where the walk stopped: the end or a frame that does not check, the end of
         the last batch applied).  ``pending`` holds the ops of an unfinished batch,
         ENQUEUE as ``(K_ENQUEUE, queue, seq, location)``, REMOVE as ``(K_REMOVE,
@@ -146,7 +153,7 @@ class Replay:
         view = memoryview(data)
         end = len(data)
         base = number << 64
-        pos = good_end = records.HEADER_SIZE
+        pos = good_end = start
         while end - pos >= frame_size:
             mark, length, crc = unpack_frame(data, pos)
             start = pos + frame_size
@@ -222,6 +229,7 @@ class Replay:
         index = self.index
         put, remove = index.put_message, index.remove_message
         next_seq = self.next_seq
+        self.walked += len(pending)
         for item in pending:
             kind = item[0]
             if kind == K_ENQUEUE:
@@ -305,9 +313,16 @@ def recover_thd(files: SegmentFiles) -> RecoveryResult:
     """Read every segment, repair the newest one's tail, and rebuild the state."""
     started = time.perf_counter()
     replay = Replay()
-    numbers = files.segments_thd()
-    kept: dict[int, bytes] = {}  # what each replayed segment holds, for Replay.result
     result = RecoveryResult(Recovered(), replay.index, {}, 1)
+    kept = walk_thd(files, replay, result, files.segments_thd(), records.HEADER_SIZE)
+    return finish(files, replay, result, kept, started)
+
+
+def walk_thd(files: SegmentFiles, replay: Replay, result: RecoveryResult, numbers: list[int],
+             start: int) -> dict[int, bytes]:
+    """Replay segments ``numbers``, the first from ``start``, the others whole; repair
+    the newest one's tail; what each replayed segment holds, for ``Replay.result``."""
+    kept: dict[int, bytes] = {}
     previous: int | None = None
     for position, number in enumerate(numbers):
         newest = position == len(numbers) - 1
@@ -337,7 +352,9 @@ def recover_thd(files: SegmentFiles) -> RecoveryResult:
             result.segments[number] = len(data)
             continue
         replay.next_seq = max(replay.next_seq, header_next)
-        end = replay.segment(number, data, result)
+        first = start if position == 0 else records.HEADER_SIZE
+        end = replay.segment(number, data, result, first)
+        result.walked += max(0, len(data) - first)
         if end < len(data):
             if newest:
                 files.truncate_thd(number, end)
@@ -350,6 +367,12 @@ def recover_thd(files: SegmentFiles) -> RecoveryResult:
                                              "after its last complete batch ignored"))
         result.segments[number] = len(data)
         kept[number] = data
+    return kept
+
+
+def finish(files: SegmentFiles, replay: Replay, result: RecoveryResult, kept: dict[int, bytes],
+           started: float) -> RecoveryResult:
+    """The replayed state packed into ``result``, and the line that says how long it took."""
     result.recovered = replay.result(kept, result.notes)
     result.next_seq = replay.next_seq
     # what the bench reads as the store's own recovery time

@@ -111,6 +111,10 @@ class SegmentFiles:
         if sync:
             self._fsync(self._active_fd)
 
+    def active_size_thd(self) -> int:
+        """The active segment's size on disk (-1 without one): where the next batch goes."""
+        return -1 if self._active_fd is None else os.fstat(self._active_fd).st_size
+
     def fsync_thd(self) -> None:
         if self._active_fd is not None:
             self._fsync(self._active_fd)

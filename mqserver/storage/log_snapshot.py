@@ -81,16 +81,16 @@ def encode(segments: Segments, next_seq: int, index: LogIndex) -> bytes:
         out.array(by_seq.counts[first:])
         out.array(by_seq.segments[first:])
         out.array(by_seq.places[first:])
-    _locations(out, index.declares)
+    write_locations(out, index.declares)
     for nested in (index.bindings, index.records):
         out.u32(len(nested))
         for name, locations in nested.items():
             out.blob(name)
-            _locations(out, locations)
+            write_locations(out, locations)
     return b"".join(out.parts)
 
 
-def _locations(out: SectionWriter, locations: dict[bytes, int]) -> None:
+def write_locations(out: SectionWriter, locations: dict[bytes, int]) -> None:
     out.u32(len(locations))
     for key, location in locations.items():
         out.blob(key)
@@ -125,16 +125,16 @@ def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, i
         by_seq.places = section.array("Q", runs)
         if runs and by_seq.starts[-1] + by_seq.counts[-1] - 1 > by_seq.last:
             raise SnapshotError("a queue's index runs past its last seq")
-    index.declares = _read_locations(section)
-    index.bindings = {section.some_blob(): _read_locations(section)
+    index.declares = read_locations(section)
+    index.bindings = {section.some_blob(): read_locations(section)
                       for _ in range(section.count())}
-    index.records = {section.some_blob(): _read_locations(section)
+    index.records = {section.some_blob(): read_locations(section)
                      for _ in range(section.count())}
     section.end()
     return index, {number: size for number, size, _ in now}, next_seq
 
 
-def _read_locations(section: SectionReader) -> dict[bytes, int]:
+def read_locations(section: SectionReader) -> dict[bytes, int]:
     locations = {}
     for _ in range(section.count()):
         key = section.some_blob()
@@ -184,5 +184,5 @@ def recover_thd(files: SegmentFiles, path: Path,
                 f"{time.perf_counter() - started:.3f} s (no replay)")])
 
 
-__all__ = ["Segments", "decode", "encode", "recover_thd", "save_thd",
-           "segments_thd"]
+__all__ = ["Segments", "decode", "encode", "read_locations", "recover_thd", "save_thd",
+           "segments_thd", "write_locations"]

@@ -20,6 +20,8 @@ CONFIGS = {
     "sqlite": ["--storage=sqlite"],
     "log-always": ["--storage=log", "--fsync=always"],
     "log-interval": ["--storage=log", "--fsync=interval:50"],
+    # a checkpoint every 0.2 s or MiB: most restarts walk from one (log_checkpoint)
+    "log-checkpoint": ["--storage=log", "--log-checkpoint=1:0.2"],
 }
 
 EXERCISED = {
@@ -42,6 +44,8 @@ def test_kill_9_under_load_loses_nothing_confirmed(tmp_path, name):
     # and recovery had something to prove: confirmed, unsettled messages came back
     assert sum(r.must for r in reports) > 0, reports
     assert not crash.log_lines(r"Traceback|Unhandled"), crash.log_lines(r".")
+    if name == "log-checkpoint":
+        assert crash.log_lines(r"log checkpoint \S+ used: from segment"), crash.log_lines(r".")
 
 
 def test_the_harness_catches_a_store_that_loses_messages(tmp_path):

@@ -82,7 +82,7 @@ def general(ops: list[tuple[Any, ...]], index: LogIndex, segment: int, start: in
         data = records.frame(records.encode_op(op))
         index.apply_op(op, loc(segment, offset, len(data)))
         if op[0] in (ENQUEUE, REQUEUE):
-            next_seq = max(next_seq, op[1].seq + 1)
+            next_seq = max(next_seq, op[1].seq + 1, op[2] + 1 if op[0] == REQUEUE else 0)
         frames.append(data)
         offset += len(data)
     return b"".join(frames), next_seq
