@@ -16,7 +16,8 @@ from mqserver.model import ENQUEUE, Message
 from mqserver.packed import Backlog, Chunk
 from mqserver.storage import log_records as records
 from mqserver.storage.log import LogStore
-from mqserver.storage.log_chunks import ReplayChunk
+from mqserver.storage.log_chunks import ReplayChunk, any_expiry
+from mqserver.storage.log_index import loc
 from mqserver.testing import message
 
 SIZE = 4
@@ -116,3 +117,20 @@ def test_a_chunk_that_does_not_decode_is_withheld_before_it_is_read(tmp_path: Pa
     assert ready  # the front is now the damaged chunk: set aside, the next one read
     assert withheld == [damaged] and len(ready) == 4
     assert [m.seq for m in ready] == [9, 10, 11, 12]
+
+
+def test_any_expiry_reads_the_flags_of_enqueue_and_requeue_records():
+    """Each record alone, in two segments: only one with an expiry time says so."""
+    frames = [records.frame(records.encode_message(records.K_ENQUEUE, message(1))),
+              records.frame(records.encode_message(records.K_REQUEUE, message(2, retry=1), 1)),
+              records.frame(records.encode_message(records.K_ENQUEUE,
+                                                   message(3, expires_at=9e9))),
+              records.frame(records.encode_message(records.K_REQUEUE,
+                                                   message(4, expires_at=9e9), 3))]
+    segments, locations = {}, []
+    for number, frame in enumerate(frames, start=1):
+        segments[number] = bytes(7) + frame
+        locations.append(loc(number, 7, len(frame)))
+    assert [any_expiry(segments, [location]) for location in locations] == [
+        False, False, True, True]
+    assert not any_expiry(segments, locations[:2]) and any_expiry(segments, locations)
