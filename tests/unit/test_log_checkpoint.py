@@ -124,13 +124,14 @@ def run_steps(path: Path, steps: list[tuple[Any, ...]]) -> Any:
 def test_a_checkpoint_and_its_tail_recover_what_a_full_replay_does(tmp_path, monkeypatch,
                                                                     archive_at):
     """Random batches (every op kind, small segments: rolls and compaction) with
-    checkpoints between them; with ``ARCHIVE_AT`` 4 the index holds runs and holes."""
+    checkpoints between them; with ``ARCHIVE_AT`` 4 the index holds runs and holes.
+    More examples: ``MQSERVER_CHECKPOINT_EXAMPLES`` (40 by default)."""
     from twisted.internet import reactor
 
     monkeypatch.setattr(log_index, "ARCHIVE_AT", archive_at)
     counter = itertools.count()
 
-    @settings(max_examples=int(os.environ.get("CKPT_EXAMPLES", 40)), deadline=None, suppress_health_check=list(HealthCheck),
+    @settings(max_examples=int(os.environ.get("MQSERVER_CHECKPOINT_EXAMPLES", 40)), deadline=None, suppress_health_check=list(HealthCheck),
               database=None)
     @given(STEPS)
     def check(steps: list[tuple[Any, ...]]) -> None:
