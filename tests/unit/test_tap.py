@@ -162,7 +162,8 @@ def test_http_token_options_are_checked(tmp_path):
     ("args", "storage", "location"),
     [
         ((), "SQLiteStore", "mqserver.sqlite3"),
-        (("--storage=log", "--fsync=always", "--log-segment-mb=1"), "LogStore", "log"),
+        (("--storage=log", "--fsync=always", "--log-segment-mb=1", "--log-checkpoint=16:2"),
+         "LogStore", "log"),
     ],
 )
 def test_durable_storage_creates_the_data_dir(tmp_path, args, storage, location):
@@ -174,6 +175,8 @@ def test_durable_storage_creates_the_data_dir(tmp_path, args, storage, location)
     assert data.is_dir()
     assert str(getattr(store, "path", None) or store.directory) == str(data / location)
     assert list(data.iterdir()) == []  # nothing is opened before the service starts
+    if storage == "LogStore":
+        assert (store.checkpoints.every_bytes, store.checkpoints.every_seconds) == (16 << 20, 2)
 
 
 def twistd_options(*args: str) -> tap.Options:
@@ -216,7 +219,8 @@ def test_memory_storage_creates_no_data_dir(tmp_path):
 @pytest.mark.parametrize(
     "args",
     [("--sqlite-sync=off",), ("--fsync=sometimes",), ("--fsync=interval:0",),
-     ("--fsync=interval:",), ("--log-segment-mb=big",)],
+     ("--fsync=interval:",), ("--log-segment-mb=big",), ("--log-checkpoint=64",),
+     ("--log-checkpoint=x:5",)],
 )
 def test_bad_storage_options_are_usage_errors(args):
     with pytest.raises(usage.UsageError):
