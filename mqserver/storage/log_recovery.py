@@ -50,7 +50,13 @@ from mqserver.packed import Backlog, Chunk, share_recovered_values
 from mqserver.storage import log_records as records
 from mqserver.storage import snapshot
 from mqserver.storage.errors import StoreFormatError
-from mqserver.storage.log_chunks import DECODE_ERRORS, ReplayChunk, any_expiry, message_fields
+from mqserver.storage.log_chunks import (
+    DECODE_ERRORS,
+    ReplayChunk,
+    any_within,
+    expiring_seqs,
+    message_fields,
+)
 from mqserver.storage.log_index import LogIndex, loc
 from mqserver.storage.log_segment import SegmentFiles
 
@@ -255,9 +261,10 @@ class Replay:
             by_seq = self.index.messages.get(name)
             backlog = Backlog()
             entries = iter(()) if by_seq is None else by_seq.everything()
+            expiring = [] if by_seq is None else expiring_seqs(segments, by_seq)
             while block := list(islice(entries, size)):
                 locations = [location for _, location in block]
-                if len(block) == size and not any_expiry(segments, locations):
+                if len(block) == size and not any_within(expiring, block[0][0], block[-1][0]):
                     # decoded once the broker serves (``log_chunks``)
                     backlog.append_chunk(ReplayChunk(name, segments, locations, block[0][0],
                                                      block[-1][0], lock))

@@ -10,14 +10,17 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import given
+from hypothesis import strategies as st
 
 from mqserver.broker.ready import PackedReady
 from mqserver.model import ENQUEUE, Message
 from mqserver.packed import Backlog, Chunk
 from mqserver.storage import log_records as records
 from mqserver.storage.log import LogStore
-from mqserver.storage.log_chunks import ReplayChunk, any_expiry
+from mqserver.storage.log_chunks import ReplayChunk, any_within, expiring_seqs, head_at
 from mqserver.storage.log_index import loc
+from mqserver.storage.log_seq_index import SeqIndex
 from mqserver.testing import message
 
 SIZE = 4
@@ -119,18 +122,32 @@ def test_a_chunk_that_does_not_decode_is_withheld_before_it_is_read(tmp_path: Pa
     assert [m.seq for m in ready] == [9, 10, 11, 12]
 
 
-def test_any_expiry_reads_the_flags_of_enqueue_and_requeue_records():
-    """Each record alone, in two segments: only one with an expiry time says so."""
-    frames = [records.frame(records.encode_message(records.K_ENQUEUE, message(1))),
-              records.frame(records.encode_message(records.K_REQUEUE, message(2, retry=1), 1)),
-              records.frame(records.encode_message(records.K_ENQUEUE,
-                                                   message(3, expires_at=9e9))),
-              records.frame(records.encode_message(records.K_REQUEUE,
-                                                   message(4, expires_at=9e9), 3))]
-    segments, locations = {}, []
-    for number, frame in enumerate(frames, start=1):
-        segments[number] = bytes(7) + frame
-        locations.append(loc(number, 7, len(frame)))
-    assert [any_expiry(segments, [location]) for location in locations] == [
-        False, False, True, True]
-    assert not any_expiry(segments, locations[:2]) and any_expiry(segments, locations)
+
+@given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1,
+                max_size=30),
+       st.sets(st.integers(1, 30)), st.integers(0, 30))
+def test_expiring_seqs_reads_runs_and_single_entries(frames, removed, fresh):
+    """Frames one after the other (ENQUEUE or REQUEUE, with a TTL or not, ids of
+    one or two lengths: runs, and kinds mixed within a size), archived but for
+    the last ``fresh``, some removed (holes, ends): the seqs with a TTL are
+    those whose flags byte says so."""
+    data, by_seq = bytes(5), SeqIndex()
+    for seq, (requeue, ttl, long_id) in enumerate(frames, start=1):
+        kind = records.K_REQUEUE if requeue else records.K_ENQUEUE
+        frame = records.frame(records.encode_message(
+            kind, message(seq, id=b"m%03d" % seq + (b"xxxxxxxx" if long_id else b""),
+                          expires_at=9e9 if ttl else None), 1))
+        by_seq[seq] = loc(3, len(data), len(frame))
+        data += frame
+        if seq == len(frames) - fresh:
+            by_seq.archive()
+    for seq in removed:
+        if by_seq.pop(seq, None) is None and seq <= by_seq.last:
+            by_seq.take(seq)
+    expected = [seq for seq, location in by_seq.everything()
+                if data[head_at(data, location)[0] + 28] & 1]
+    found = expiring_seqs({3: data}, by_seq)
+    assert found == expected
+    assert any_within(found, 1, len(frames)) == bool(expected)
+    for seq in expected:
+        assert any_within(found, seq, seq) and any_within(found, seq - 1, seq + 2)
