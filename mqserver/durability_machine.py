@@ -5,7 +5,8 @@
 Its rules are every state change the broker offers (publishing singles and
 runs, consuming, dispatch, each way to settle, TTL expiry, purge, deletes,
 an operator's move, bindings and options, connections going away, records,
-packing a backlog at rest), flushes of the
+packing a backlog at rest, the service's check of recovered chunks in a
+thread, partway or whole), flushes of the
 writer's batches between them, restarts, and, on the log store, its
 checkpoint (a crash restart from it).  At each restart and at the end
 of an example a fresh store opened on the same files must recover exactly
@@ -49,7 +50,7 @@ from mqserver.broker.core import KEEP, MAX_RETRIES, Broker
 from mqserver.broker.moving import MoveError
 from mqserver.broker.overflow import QueueFullError
 from mqserver.broker.queue import Slots
-from mqserver.broker.ready import CHUNK
+from mqserver.broker.ready import CHUNK, PackedReady
 from mqserver.broker.saving import durable_state
 from mqserver.durability import (
     KEPT_FIELDS,
@@ -62,7 +63,7 @@ from mqserver.durability import (
 )
 from mqserver.interfaces import ICleanShutdown, IMessageStore
 from mqserver.model import QueueOptions, Recovered
-from mqserver.packed import Backlog
+from mqserver.packed import Backlog, check_thd
 from mqserver.testing import RecordingSink
 
 EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
@@ -413,16 +414,29 @@ class DurabilityMachine(RuleBasedStateMachine):
         if sweep:
             self.broker.expire_due()
 
-    @rule(window=st.sampled_from([None, 2]))
+    @rule(window=st.sampled_from([None, 2]), look=st.booleans(),
+          backlog=st.none() | queue_names)
     @on_reactor
     @inlineCallbacks
-    def restart(self, window: int | None) -> Any:
-        """Stop and start again: in-flight messages come back ready, and a client
-        reconnects its consumer on q0."""
+    def restart(self, window: int | None, look: bool, backlog: bytes | None) -> Any:
+        """Stop and start again, as after a crash (the store replays): in-flight
+        messages come back ready, and a client reconnects its consumer on q0.
+
+        ``backlog``: a publisher first leaves a few chunks' worth in that queue,
+        without TTLs, which a SQLite replay recovers as chunks it reads later
+        (``sqlite_chunks``).  ``look``: check the state the broker loaded at
+        once, which reads every such chunk; without, the rules after it reach
+        them unread, and the next ``_reopen`` checks what they did."""
+        if backlog is not None:
+            with contextlib.suppress(QueueFullError):
+                self.broker.publish_to_queue_run(
+                    backlog, [(b"b%d" % n, b"%d" % n) for n in range(3 * PACK_CHUNK + 1)],
+                    None, None, "mqks")
         expected = yield self._reopen("after a restart")
         yield self._open(self.clock.seconds())
-        loaded = broker_state(self.broker)
-        assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
+        if look:
+            loaded = broker_state(self.broker)
+            assert loaded == expected, f"a broker loaded the recovered state as {loaded}"
         self.broker.consume(self._connect(False), b"c0", b"q0", window)
 
     @rule(window=st.sampled_from([None, 2]), damage=damages, at=st.integers(0, 1 << 20),
@@ -525,13 +539,26 @@ class DurabilityMachine(RuleBasedStateMachine):
                 path.write_bytes(self.old_snapshot)
         self.old_snapshot = intact
 
+    @rule(most=st.integers(1, 3), finished=st.booleans())
+    @on_reactor
+    @inlineCallbacks
+    def background_check(self, most: int, finished: bool) -> Any:
+        """The broker's service checks the chunks a start recovered unread in a thread,
+        front chunks first (``BrokerService._check_recovered``): here its first
+        ``most`` got so far, the rest are left to the rules that reach them; with
+        ``finished`` it got through and the broker settles every queue."""
+        yield deferToThread(check_thd, self.broker.unchecked_chunks()[:most])
+        if finished:
+            self.broker.settle_recovered()
+
     @invariant()
     @on_reactor
     def ready_in_seq_order(self) -> None:
-        """Ready messages are in seq order and a seq names one message."""
+        """Ready messages are in seq order and a seq names one message (a chunk not
+        checked yet by its first and last seq: looking must not read it)."""
         seqs = []
         for queue in self.broker.queues.values():
-            ready = [message.seq for message in queue.ready]
+            ready = _ready_seqs(queue.ready)
             assert ready == sorted(ready), f"{queue.name!r} ready out of seq order: {ready}"
             seqs += ready
             seqs += [m.seq for consumer in queue.consumers for m in consumer.unacked.values()]
@@ -575,6 +602,16 @@ def verify_store(make_store: Callable[[Path], IMessageStore], directory: Path,
         suppress_health_check=list(HealthCheck), database=None, print_blob=True,
     )
     return deferToThread(_with_small_backlog_chunks, machine, options)
+
+
+def _ready_seqs(ready: Any) -> list[int]:
+    """The seqs of a queue's ready messages, an unchecked chunk's first and last alone."""
+    if not isinstance(ready, PackedReady) or not ready.unsettled:
+        return [message.seq for message in ready]
+    seqs = [message.seq for message in ready.head]
+    for chunk in ready.chunks:
+        seqs += chunk.seq_range if chunk.unchecked else chunk.seq_column()
+    return seqs + [message.seq for message in ready.tail]
 
 
 def _withheld(recovered: Recovered) -> dict[bytes, list[Any]]:

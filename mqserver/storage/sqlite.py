@@ -42,7 +42,6 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from dataclasses import asdict
 from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,14 +63,12 @@ from mqserver.model import (
     REQUEUE,
     UNBIND,
     Message,
-    QueueOptions,
     Recovered,
-    RecoveredQueue,
 )
-from mqserver.packed import Backlog, share_recovered_values
 from mqserver.storage import snapshot, sqlite_snapshot
 from mqserver.storage.errors import StoreClosedError, StoreFormatError, StoreLockedError
-from mqserver.storage.sqlite_rows import read_messages_thd
+from mqserver.storage.sqlite_chunks import ChunkReader
+from mqserver.storage.sqlite_replay import recover_thd
 from mqserver.storage.worker import StoreThread
 
 if TYPE_CHECKING:
@@ -80,7 +77,7 @@ if TYPE_CHECKING:
 log = Logger()
 
 FILENAME = "mqserver.sqlite3"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 SYNC_MODES = {"full": "FULL", "normal": "NORMAL"}
 
 _UPSERT_MESSAGE = (
@@ -219,6 +216,8 @@ class SQLiteStore:
         self.sync = sync
         self._thread = StoreThread(reactor, "mqserver-sqlite")
         self._conn: sqlite3.Connection | None = None  # used in the store thread only
+        # reads the chunks of a replay left unread at the open (``sqlite_chunks``)
+        self._reader: ChunkReader | None = None
         self.is_open = False
         self.figures = figures(SQLiteStore)
         # the clean-shutdown snapshot beside the database file, and whether
@@ -278,6 +277,10 @@ class SQLiteStore:
             return saved
 
         def save() -> tuple[bool, str]:
+            problem = self._read_all_thd(state)
+            if problem is not None:
+                self._close_thd()
+                return False, f"clean-shutdown snapshot {self.snapshot_path} not written: {problem}"
             return sqlite_snapshot.save_thd(self._connection(), self._close_thd, self.path,
                                             self.snapshot_path, state)
 
@@ -320,7 +323,8 @@ class SQLiteStore:
             recovered = sqlite_snapshot.take_thd(conn, self.snapshot_path, files, notes)
             self.from_snapshot = recovered is not None
             if recovered is None:
-                recovered = self._load_thd(utils(conn))
+                self._reader = ChunkReader(self._thread, self._connection, self.path)
+                recovered = recover_thd(utils(conn), self._reader)
                 # what the bench reads as the store's own recovery time
                 # (``bench.workloads.reported_recovery``)
                 notes.append(f"SQLite {self.path}: {len(recovered.queues)} queues, "
@@ -365,33 +369,6 @@ class SQLiteStore:
         return (f"SQLite schema of {self.path} upgraded from version {version} to "
                 f"{SCHEMA_VERSION} ({', '.join(steps)})")
 
-    def _load_thd(self, db: Database) -> Recovered:
-        recovered = Recovered()
-        queues = recovered.queues
-
-        def queue(name: bytes) -> RecoveredQueue:
-            rq = queues.get(name)
-            if rq is None:
-                # packed as it is read: a million rows never become a million
-                # objects at once (memory the allocator would keep)
-                rq = queues[name] = RecoveredQueue(name, messages=Backlog())
-            return rq
-
-        fields = list(asdict(QueueOptions()))
-        for row in db["queues"].rows:
-            options = {f: row[f] for f in fields}
-            options["delete_when_unused_bare"] = bool(options["delete_when_unused_bare"])
-            queue(row["name"]).options = QueueOptions(**options)
-        for row in db["bindings"].rows:
-            queue(row["queue"]).bindings.add(row["event"])
-        next_seq = read_messages_thd(db.conn, queue)
-        for namespace, key, value in db.execute("SELECT namespace, key, value FROM records"):
-            recovered.records.setdefault(namespace, {})[key] = value
-        stored = db.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()
-        recovered.next_seq = max(next_seq, stored[0] if stored else 1)
-        share_recovered_values(queues.values())
-        return recovered
-
     def _apply_thd(self, statements: Statements, next_seq: int) -> None:
         conn = self._connection()
         conn.execute("BEGIN")
@@ -410,7 +387,21 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             raise
 
+    def _read_all_thd(self, state: Recovered | None = None) -> str | None:
+        """Read the chunks the open left unread, before the connection goes; what
+        is wrong with one of ``state``'s, if one cannot be read (no snapshot then)."""
+        if self._reader is not None:
+            self._reader.read_all_thd()
+        for rq in () if state is None else state.queues.values():
+            for chunk in getattr(rq.messages, "chunks", ()):
+                problem = chunk.check() if chunk.unchecked else None
+                if problem is not None:
+                    return f"{chunk.describe()} cannot be read ({problem})"
+        return None
+
     def _close_thd(self) -> None:
+        if self._conn is not None:
+            self._read_all_thd()
         conn, self._conn = self._conn, None
         if conn is None:
             return

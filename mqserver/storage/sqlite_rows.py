@@ -36,9 +36,9 @@ def _message(row: tuple[Any, ...]) -> Message:
 
 
 _COLUMNS = "seq, queue, id, body, event, headers, created_at, expires_at, retry, source"
-_FIRST = "SELECT event, source FROM messages ORDER BY seq LIMIT 1"
+_FIRST = "SELECT event, source FROM messages {where} ORDER BY seq LIMIT 1"
 _NOT_PLAIN = ("SELECT 1 FROM messages WHERE NOT (event IS ? AND source IS ? AND headers IS NULL "
-              "AND expires_at IS NULL AND retry = 0) LIMIT 1")
+              "AND expires_at IS NULL AND retry = 0) {also} LIMIT 1")
 
 
 class RowShape:
@@ -47,15 +47,23 @@ class RowShape:
     backlog from one kind of publisher, the usual), the five columns that
     differ, the others filled in.  sqlite3 makes an object of every value it
     returns, and those are most of the open's time: half the values, a third
-    less time.  Finding out costs a scan of the table in SQLite (0.15 s per
-    1M rows) when every row is plain, next to nothing when one is not."""
+    less time.  Finding out costs a scan of the rows in SQLite (0.15 s per
+    1M) when every row is plain, next to nothing when one is not.
 
-    def __init__(self, conn: sqlite3.Connection) -> None:
-        first = conn.execute(_FIRST).fetchone()
-        self.plain = first is not None and conn.execute(_NOT_PLAIN, first).fetchone() is None
+    ``where`` (with ``params``) narrows it to some rows, ``SPAN``'s for one
+    chunk (``read_span_thd``); ``select`` then reads them."""
+
+    def __init__(self, conn: sqlite3.Connection, where: str = "",
+                 params: tuple[Any, ...] = ()) -> None:
+        first = conn.execute(_FIRST.format(where=f"WHERE {where}" if where else ""),
+                             params).fetchone()
+        self.plain = first is not None and conn.execute(
+            _NOT_PLAIN.format(also=f"AND {where}" if where else ""), (*first, *params),
+        ).fetchone() is None
         self.event, self.source = first or (None, None)
         columns = "seq, queue, id, body, created_at" if self.plain else _COLUMNS
-        self.select = f"SELECT {columns} FROM messages ORDER BY seq"
+        self.select = f"SELECT {columns} FROM messages {'WHERE ' if where else ''}{where} " \
+                      "ORDER BY seq"
 
     def chunk(self, columns: list[tuple[Any, ...]]) -> Chunk:
         """``_chunk`` of columns in this shape."""
@@ -73,6 +81,28 @@ class RowShape:
             return _message(row)
         seq, queue, mid, body, created = row
         return Message(mid, queue, body, seq, self.event, None, created, None, 0, self.source)
+
+
+SPAN = "queue = ? AND seq BETWEEN ? AND ?"
+"""The rows of one queue between two seqs (the ``(queue, seq)`` index's range)."""
+
+
+def read_span_thd(conn: sqlite3.Connection, queue: bytes, first: int, last: int,
+                  count: int) -> Chunk:
+    """The ``count`` messages of ``queue`` from seq ``first`` to ``last`` as one chunk;
+    ``SpanError`` if the rows are not exactly those (a row the open counted is
+    gone), or what decoding them raised (headers that are not JSON)."""
+    params = (queue, first, last)
+    shape = RowShape(conn, SPAN, params)
+    rows = conn.execute(shape.select, params).fetchall()
+    if len(rows) != count or rows[0][0] != first or rows[-1][0] != last:
+        found = f"{rows[0][0]} to {rows[-1][0]}" if rows else "none"
+        raise SpanError(f"{len(rows)} rows found (seqs {found}) where the open counted {count}")
+    return shape.chunk(list(zip(*rows, strict=True)))
+
+
+class SpanError(Exception):
+    """A chunk's rows are not the ones the open counted."""
 
 
 def read_messages_thd(conn: sqlite3.Connection,
@@ -112,4 +142,4 @@ def read_messages_thd(conn: sqlite3.Connection,
     return next_seq
 
 
-__all__ = ["RowShape", "read_messages_thd"]
+__all__ = ["SPAN", "RowShape", "SpanError", "read_messages_thd", "read_span_thd"]

@@ -27,11 +27,14 @@ from queue import SimpleQueue
 from typing import Any, TypeVar
 
 from twisted.internet.defer import Deferred, succeed
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 T = TypeVar("T")
 
-_Call = tuple[Deferred[Any], Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+_Call = tuple[Deferred[Any] | None, Callable[..., Any], tuple[Any, ...], dict[str, Any]]
+
+log = Logger()
 
 
 class StoreThread:
@@ -47,11 +50,21 @@ class StoreThread:
         self._name = name
         self._calls: SimpleQueue[_Call | None] | None = None
         self._thread: threading.Thread | None = None
+        # the last thread started, kept after a stop (its queued calls still run then)
+        self._worker: threading.Thread | None = None
         self._trigger: Any = None
+        # a call is queued, or the thread stopped, under it: a call queued from
+        # another thread (``post``) either runs or is refused, never left behind
+        # the stop's sentinel
+        self._lock = threading.Lock()
 
     @property
     def running(self) -> bool:
         return self._thread is not None
+
+    def is_current(self) -> bool:
+        """Whether the caller runs in this thread (a call that would wait for it must not)."""
+        return self._worker is threading.current_thread()
 
     def start(self) -> None:
         """Start a fresh thread (each start makes one: a stopped one is not reused)."""
@@ -63,16 +76,28 @@ class StoreThread:
         # stores are built to survive)
         self._thread = threading.Thread(target=self._work, args=(self._calls,),
                                         name=self._name, daemon=True)
+        self._worker = self._thread
         self._thread.start()
         self._trigger = self._reactor.addSystemEventTrigger("during", "shutdown", self.stop)
 
     def run(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
         """Call ``function(*args, **kwargs)`` in the thread, after everything queued before."""
-        if self._calls is None:
-            raise RuntimeError(f"{self._name} thread is not running")
         d: Deferred[T] = Deferred()
-        self._calls.put((d, function, args, kwargs))
+        self._put((d, function, args, kwargs))
         return d
+
+    def post(self, function: Callable[..., object], *args: Any) -> None:
+        """Call ``function(*args)`` in the thread, after everything queued before, with no
+        Deferred: for a caller in any thread that waits for the outcome by its own
+        means (``sqlite_chunks.ChunkReader``).  An exception it raises is logged.
+        RuntimeError if the thread is not running: the call would never run."""
+        self._put((None, function, args, {}))
+
+    def _put(self, call: _Call) -> None:
+        with self._lock:
+            if self._calls is None:
+                raise RuntimeError(f"{self._name} thread is not running")
+            self._calls.put(call)
 
     def _work(self, calls: SimpleQueue[_Call | None]) -> None:
         """The thread: each call in turn, its outcome handed to the reactor thread."""
@@ -84,9 +109,14 @@ class StoreThread:
             try:
                 result = function(*args, **kwargs)
             except BaseException:
-                from_thread(d.errback, Failure())
+                if d is None:
+                    from_thread(log.failure, "{name}: a posted call failed", Failure(),
+                                name=self._name)
+                else:
+                    from_thread(d.errback, Failure())
             else:
-                from_thread(d.callback, result)
+                if d is not None:
+                    from_thread(d.callback, result)
                 del result
             del d, function, args, kwargs
 
@@ -118,9 +148,10 @@ class StoreThread:
             # ValueError/KeyError: the trigger is what is running us
             with contextlib.suppress(ValueError, KeyError):
                 self._reactor.removeSystemEventTrigger(trigger)
-        thread, calls = self._thread, self._calls
-        self._thread = self._calls = None
-        if thread is not None and calls is not None:
-            calls.put(None)
-            if thread is not threading.current_thread():
-                thread.join()
+        with self._lock:
+            thread, calls = self._thread, self._calls
+            self._thread = self._calls = None
+            if calls is not None:
+                calls.put(None)
+        if thread is not None and calls is not None and thread is not threading.current_thread():
+            thread.join()

@@ -62,8 +62,10 @@ def make_v1(path: Path) -> None:
 
 
 def test_upgrade_steps_cover_every_version():
-    assert upgrade_steps(0) == ["sqlite-v1.sql", "sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql"]
-    assert upgrade_steps(1) == ["sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql"]
+    assert upgrade_steps(0) == ["sqlite-v1.sql", "sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql",
+                                "sqlite-v3-to-v4.sql"]
+    assert upgrade_steps(1) == ["sqlite-v1-to-v2.sql", "sqlite-v2-to-v3.sql",
+                                "sqlite-v3-to-v4.sql"]
     assert upgrade_steps(SCHEMA_VERSION) == []
 
 
