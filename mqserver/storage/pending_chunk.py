@@ -1,9 +1,11 @@
-# -*- test-case-name: tests.unit.test_snapshot_chunks,tests.unit.test_log_chunks -*-
+# -*- test-case-name: tests.unit.test_snapshot_chunks,tests.unit.test_log_chunks,tests.unit.test_sqlite_chunks -*-
 """A chunk the broker counts and orders before its columns are at hand.
 
-Two starts hand the broker such chunks: a clean-shutdown snapshot's
-(``snapshot_chunks.LazyChunk``: the columns are still in the file) and a log
-replay's (``log_chunks.ReplayChunk``: still in the replayed segments).  Each
+Three starts hand the broker such chunks: a clean-shutdown snapshot's
+(``snapshot_chunks.LazyChunk``: the columns are still in the file), a log
+replay's (``log_chunks.ReplayChunk``: still in the replayed segments) and a
+SQLite replay's (``sqlite_chunks.SQLiteChunk``: still rows of the database,
+read in the store's thread).  Each
 knows its count and seqs, so the broker serves at once, and is made whole
 by ``check``, which the broker's service runs in a thread once it listens
 (``packed.check_thd``) and a queue runs before it reads the chunk

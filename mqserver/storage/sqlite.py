@@ -22,9 +22,9 @@ Design, and why:
   transaction.  A new file runs the same steps, so a fresh database and an
   upgraded one cannot drift apart.
 - **sqlite-utils** inspects the tables and runs the schema scripts when a
-  database is created or upgraded, and reads the state back when the store
-  replays.  It is imported only then: a start from the clean-shutdown
-  snapshot on a current schema needs the stdlib ``sqlite3`` alone, and
+  database is created or upgraded.  It is imported only then: a start on
+  a current schema, from the clean-shutdown snapshot or replaying
+  (``sqlite_replay``), needs the stdlib ``sqlite3`` alone, and
   sqlite-utils' import (click, dateutil, pluggy, its regular expressions)
   would be some 40 ms of a 300 ms start.  The per-batch writes call
   ``executemany`` on the connection directly: sqlite-utils' ``insert_all``
@@ -324,7 +324,7 @@ class SQLiteStore:
             self.from_snapshot = recovered is not None
             if recovered is None:
                 self._reader = ChunkReader(self._thread, self._connection, self.path)
-                recovered = recover_thd(utils(conn), self._reader)
+                recovered = recover_thd(conn, self._reader)
                 # what the bench reads as the store's own recovery time
                 # (``bench.workloads.reported_recovery``)
                 notes.append(f"SQLite {self.path}: {len(recovered.queues)} queues, "

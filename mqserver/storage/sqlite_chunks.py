@@ -121,12 +121,13 @@ class ChunkReader:
                 return
             waiting = chunk._waiting  # None: nobody asked yet
             if waiting is None:
-                waiting = chunk._waiting = threading.Event()
                 try:
                     self._thread.post(self.read_thd, chunk)
                 except RuntimeError:  # the store closed: nothing will read it now
-                    self._settled(chunk, None, "the store closed before it was read")
+                    self._settle(chunk, None, "the store closed before it was read")
                     return
+                # before the lock goes: the read's ``_settle`` waits for it
+                waiting = chunk._waiting = threading.Event()
         waiting.wait()
 
     def read_thd(self, chunk: SQLiteChunk) -> None:
@@ -137,18 +138,22 @@ class ChunkReader:
             decoded, problem = read_span_thd(self._connection(), *chunk.span()), ""
         except Exception as e:  # any failure of a read is the chunk's, reported by check
             decoded, problem = None, f"its rows cannot be read ({e})"
-        self._settled(chunk, decoded, problem)
-
-    def _settled(self, chunk: SQLiteChunk, decoded: Chunk | None, problem: str) -> None:
         with self._lock:
-            if chunk._sound is None:
-                chunk._decoded, chunk._problem = decoded, problem
-                chunk._sound = decoded is not None
-            self._unread.discard(chunk)
-            # no small object outlives the read in a long-lived chunk (``packed``)
-            waiting, chunk._waiting = chunk._waiting, None
+            waiting = self._settle(chunk, decoded, problem)
         if waiting is not None:
             waiting.set()
+
+    def _settle(self, chunk: SQLiteChunk, decoded: Chunk | None,
+                problem: str) -> threading.Event | None:
+        """Give ``chunk`` its outcome, unless it has one (the lock held); the event
+        its waiters wait on."""
+        if chunk._sound is None:
+            chunk._decoded, chunk._problem = decoded, problem
+            chunk._sound = decoded is not None
+        self._unread.discard(chunk)
+        # no small object outlives the read in a long-lived chunk (``packed``)
+        waiting, chunk._waiting = chunk._waiting, None
+        return waiting
 
     def read_all_thd(self) -> None:
         """Read every chunk not read yet, oldest first (the store's close)."""
