@@ -1,4 +1,4 @@
-# -*- test-case-name: tests.unit.test_snapshot_chunks,tests.unit.test_log_chunks,tests.unit.test_sqlite_chunks -*-
+# -*- test-case-name: tests.unit.test_snapshot_chunks,tests.unit.test_log_chunks -*-
 """A chunk the broker counts and orders before its columns are at hand.
 
 Three starts hand the broker such chunks: a clean-shutdown snapshot's
