@@ -99,6 +99,8 @@ _DROP_QUEUE = (
 _PUT = "INSERT OR REPLACE INTO records (namespace, key, value) VALUES (?, ?, ?)"
 _DELETE = "DELETE FROM records WHERE namespace = ? AND key = ?"
 _NEXT_SEQ = "UPDATE meta SET value = MAX(value, ?) WHERE key = 'next_seq'"
+# a row with an expiry written: a replay looks for them (``sqlite_replay``)
+EXPIRING = "UPDATE meta SET value = 1 WHERE key = 'expiring'"
 
 Statements = list[tuple[str, list[tuple[Any, ...]]]]
 
@@ -130,13 +132,15 @@ def message_row(message: Message) -> tuple[Any, ...]:
 def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
     """Ops as (sql, rows) runs in order, plus the highest seq seen + 1.
 
-    Consecutive ops with the same statement share one ``executemany``.
+    Consecutive ops with the same statement share one ``executemany``; a
+    batch that stores a message with an expiry ends with ``EXPIRING``.
     Runs on the reactor thread: this is the snapshot of the broker's objects.
     ENQUEUE and REMOVE, nearly every op of a busy broker, extend the current
     run inline (no call per op); the other ops go through ``add``.
     """
     statements: Statements = []
     next_seq = 0
+    expiring = False
     current: str | None = None  # the statement of the last run, whose rows are ``rows``
     rows: list[tuple[Any, ...]] = []
 
@@ -157,6 +161,8 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
             rows.append(message_row(message))
             if message.seq >= next_seq:
                 next_seq = message.seq + 1
+            if message.expires_at is not None:
+                expiring = True
         elif kind == REMOVE:
             if current is not _DELETE_MESSAGE:
                 current, rows = _DELETE_MESSAGE, []
@@ -168,6 +174,7 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
                 add(_DELETE_MESSAGE, (old_seq, message.queue))
             add(_UPSERT_MESSAGE, message_row(message))
             next_seq = max(next_seq, message.seq + 1)
+            expiring = expiring or message.expires_at is not None
         elif kind == DECLARE:
             o = op[2]
             add(_UPSERT_QUEUE, (op[1], o.delete_when_unused, int(o.delete_when_unused_bare),
@@ -185,6 +192,8 @@ def encode_ops(ops: list[tuple[Any, ...]]) -> tuple[Statements, int]:
             add(_DELETE, (op[1], op[2]))
         else:
             raise ValueError(f"unknown storage op {kind!r}")
+    if expiring:
+        statements.append((EXPIRING, [()]))
     return statements, next_seq
 
 

@@ -17,7 +17,7 @@ from mqserver.model import ENQUEUE, Message
 from mqserver.packed import Backlog, Chunk
 from mqserver.storage.sqlite import encode_ops, schema_script, upgrade_steps
 from mqserver.storage.sqlite_chunks import ChunkReader, SQLiteChunk
-from mqserver.storage.sqlite_replay import queue_sizes, recover_thd, spans
+from mqserver.storage.sqlite_replay import expiring_queues, queue_sizes, recover_thd, spans
 from mqserver.storage.worker import StoreThread
 from mqserver.testing import message
 
@@ -123,3 +123,15 @@ def test_spans_of_consecutive_seqs_are_arithmetic_and_others_walk_the_index() ->
     assert spans(conn, b"q0", 7, SIZE) == [(1, 3), (4, 6)]
     assert spans(conn, b"q1", 7, SIZE) == [(10, 15), (16, 30)]
     assert spans(conn, b"q1", 2, SIZE) == []
+
+
+def test_the_expiry_mark_spares_the_scan_and_a_scan_that_finds_none_clears_it() -> None:
+    conn = database([message(1), message(2, queue=b"r", expires_at=5000.0)])
+    assert conn.execute("SELECT value FROM meta WHERE key = 'expiring'").fetchone() == (1,)
+    assert expiring_queues(conn) == {b"r"}
+    conn.execute("DELETE FROM messages WHERE seq = 2")
+    assert expiring_queues(conn) == set()
+    assert conn.execute("SELECT value FROM meta WHERE key = 'expiring'").fetchone() == (0,)
+    # the mark is trusted: an expiry written behind the store's back is not looked for
+    conn.execute("UPDATE messages SET expires_at = 5000.0 WHERE seq = 1")
+    assert expiring_queues(conn) == set()

@@ -87,6 +87,24 @@ def test_upgrade_from_v1_keeps_the_data(tmp_path: Path) -> Any:
     with sqlite3.connect(path) as conn:
         assert conn.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
         assert conn.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone() == (10,)
+        # v4: no message has an expiry (``sqlite_replay.expiring_queues``)
+        assert conn.execute("SELECT value FROM meta WHERE key = 'expiring'").fetchone() == (0,)
+    conn.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_upgrade_to_v4_marks_a_database_holding_an_expiry(tmp_path: Path) -> Any:
+    path = tmp_path / "mqserver.sqlite3"
+    make_v1(path)
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE messages SET expires_at = 5000.0 WHERE seq = 9")
+    conn.close()
+    store = SQLiteStore(path)
+    recovered = yield store.open()
+    yield store.close()
+    assert [m.expires_at for m in recovered.queues[b"q"].messages] == [None, 5000.0]
+    with sqlite3.connect(path) as conn:
+        assert conn.execute("SELECT value FROM meta WHERE key = 'expiring'").fetchone() == (1,)
     conn.close()
 
 

@@ -29,13 +29,19 @@ from mqserver.testing import message
 
 
 def one_at_a_time(ops: list[tuple[Any, ...]]) -> tuple[sqlite.Statements, int]:
-    """Each op's (sql, row) pairs on their own, grouped where the sql repeats."""
+    """Each op's (sql, row) pairs on their own, grouped where the sql repeats; the
+    expiry mark once, last, if an op stored an expiry."""
     pairs: list[tuple[str, tuple[Any, ...]]] = []
     next_seq = 0
+    expiring = False
     for op in ops:
         statements, op_next = sqlite.encode_ops([op])
-        pairs += [(sql, row) for sql, rows in statements for row in rows]
+        expiring = expiring or (sqlite.EXPIRING, [()]) in statements
+        pairs += [(sql, row) for sql, rows in statements for row in rows
+                  if sql != sqlite.EXPIRING]
         next_seq = max(next_seq, op_next)
+    if expiring:
+        pairs.append((sqlite.EXPIRING, ()))
     grouped: sqlite.Statements = []
     for sql, row in pairs:
         if grouped and grouped[-1][0] == sql:
@@ -48,7 +54,8 @@ def one_at_a_time(ops: list[tuple[Any, ...]]) -> tuple[sqlite.Statements, int]:
 QUEUE = st.sampled_from([b"q", b"r"])
 SEQ = st.integers(1, 30)
 MESSAGE = st.builds(
-    message, SEQ, QUEUE, headers=st.none() | st.just({"k": "ü"}), event=st.none() | st.just(b"e")
+    message, SEQ, QUEUE, headers=st.none() | st.just({"k": "ü"}), event=st.none() | st.just(b"e"),
+    expires_at=st.none() | st.just(5000.0),
 )
 OP = st.one_of(
     st.tuples(st.just(ENQUEUE), MESSAGE),
@@ -76,3 +83,14 @@ def test_consecutive_enqueues_and_removes_share_one_executemany():
         (sqlite._UPSERT_MESSAGE, 2), (sqlite._DELETE_MESSAGE, 2), (sqlite._UPSERT_MESSAGE, 1)]
     assert statements[1][1] == [(1, b"q"), (2, b"q")]
     assert next_seq == 4
+
+
+def test_a_batch_that_stores_an_expiry_sets_the_mark_once_at_its_end():
+    """What a replay trusts to skip its scan for expiries (``sqlite_replay``)."""
+    plain = [(ENQUEUE, message(1)), (REMOVE, b"q", 1)]
+    assert (sqlite.EXPIRING, [()]) not in sqlite.encode_ops(plain)[0]
+    for expiring in ((ENQUEUE, message(2, expires_at=5000.0)),
+                     (REQUEUE, message(3, expires_at=5000.0), 1)):
+        statements, _ = sqlite.encode_ops([*plain, expiring, (ENQUEUE, message(4))])
+        assert statements[-1] == (sqlite.EXPIRING, [()])
+        assert [sql for sql, _ in statements].count(sqlite.EXPIRING) == 1
