@@ -92,8 +92,10 @@ class BrokerService(MultiService):
         self._check_recovered()
 
     def _check_recovered(self) -> None:
-        """Read and check the snapshot chunks recovered unread, in a thread, now
-        that the broker serves (``mqserver.storage.snapshot_chunks``): a queue's
+        """Read and check the chunks recovered unread, in a thread, now that the
+        broker serves (``mqserver.storage.pending_chunk``: a snapshot's, a log
+        replay's, a SQLite replay's, whose rows the store's own thread reads
+        while this one waits), front chunks first: a queue's
         reads then find its chunks checked (a delivery before that checks the
         chunk it reaches), and a damaged one is reported at once, not when it
         would have been read."""
