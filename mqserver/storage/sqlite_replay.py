@@ -76,6 +76,7 @@ def recover_thd(conn: sqlite3.Connection, reader: ChunkReader) -> Recovered:
     for name, event in conn.execute("SELECT queue, event FROM bindings"):
         queue(name).bindings.add(event)
     next_seq = plan_thd(conn, queue, reader, Backlog.chunk_size)
+    reader.opened()
     for namespace, key, value in conn.execute("SELECT namespace, key, value FROM records"):
         recovered.records.setdefault(namespace, {})[key] = value
     stored = conn.execute("SELECT value FROM meta WHERE key = 'next_seq'").fetchone()

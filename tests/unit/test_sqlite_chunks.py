@@ -20,7 +20,7 @@ from mqserver.broker.ready import PackedReady
 from mqserver.model import ENQUEUE, Message
 from mqserver.packed import Backlog, check_thd
 from mqserver.storage.sqlite import SQLiteStore
-from mqserver.storage.sqlite_chunks import ChunkReader, SQLiteChunk
+from mqserver.storage.sqlite_chunks import READ_AHEAD, ChunkReader, SQLiteChunk
 from mqserver.storage.worker import StoreThread
 from mqserver.testing import message
 
@@ -70,12 +70,35 @@ def test_chunks_are_counted_at_the_open_and_read_when_checked(tmp_path: Path) ->
         assert [chunk.seq_range for chunk in backlog.chunks] == [(1, 4), (5, 8)]
         first = backlog.chunks[0]
         assert first.unchecked and first.check() is None and not first.unchecked
-        assert unread(backlog.chunks) == 1  # the other one waits
         assert first.unpack() == messages[:4]
         # from the reactor's thread pool, as the broker's service checks them
         yield deferToThread(check_thd, backlog.chunks)
         assert unread(backlog.chunks) == 0
         assert list(backlog) == messages
+    finally:
+        yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_read_reads_ahead_in_its_queue(tmp_path: Path) -> Any:
+    """A consumer draining at once finds the next chunks read: each read waits
+    behind the batches queued before it, so one chunk a read would not keep up."""
+    path = tmp_path / "mqserver.sqlite3"
+    whole = READ_AHEAD + 4
+    messages = sent(SIZE * whole)
+    others = [message(seq, queue=b"other") for seq in range(len(messages) + 1,
+                                                            len(messages) + 1 + SIZE * 2)]
+    yield written(path, messages + others)
+    store, recovered = yield opened(path)
+    try:
+        chunks = recovered.queues[b"q"].messages.chunks
+        assert chunks[0].check() is None
+        yield store.run_thd(lambda conn: None)  # the reads ahead are done
+        assert unread(chunks) == whole - 1 - READ_AHEAD
+        assert unread(recovered.queues[b"other"].messages.chunks) == 2  # its own queue's only
+        assert chunks[READ_AHEAD + 1].check() is None  # the next read goes on from there
+        yield store.run_thd(lambda conn: None)
+        assert unread(chunks) == 0 and list(recovered.queues[b"q"].messages) == messages
     finally:
         yield store.close()
 
@@ -87,14 +110,14 @@ def test_threads_checking_one_chunk_at_once_share_one_read(
     yield written(path, sent(8))
     store, recovered = yield opened(path)
     reads = []
-    original = ChunkReader.read_thd
+    original = ChunkReader._read_one_thd
 
     def counted(self: ChunkReader, chunk: SQLiteChunk) -> None:
         if chunk._sound is None:
             reads.append(chunk.seq_range)
         original(self, chunk)
 
-    monkeypatch.setattr(ChunkReader, "read_thd", counted)
+    monkeypatch.setattr(ChunkReader, "_read_one_thd", counted)
     try:
         chunk = recovered.queues[b"q"].messages.chunks[1]
         results: list[Any] = []
