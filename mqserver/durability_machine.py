@@ -64,6 +64,7 @@ from mqserver.durability import (
 from mqserver.interfaces import ICleanShutdown, IMessageStore
 from mqserver.model import QueueOptions, Recovered
 from mqserver.packed import Backlog, check_thd
+from mqserver.storage.sqlite_chunks import ChunkReader
 from mqserver.testing import RecordingSink
 
 EXAMPLES_ENV = "MQSERVER_DURABILITY_EXAMPLES"
@@ -641,12 +642,15 @@ def _without(expected: State, withheld: dict[bytes, list[Any]]) -> State:
 
 
 def _with_small_backlog_chunks(machine: type[DurabilityMachine], options: settings) -> None:
-    """Run the machine while stores recover into chunks of ``PACK_CHUNK`` messages."""
-    Backlog.chunk_size = PACK_CHUNK
+    """Run the machine while stores recover into chunks of ``PACK_CHUNK`` messages
+    and a SQLite replay's chunk reads one more ahead, not a whole queue of them
+    (``sqlite_chunks.ChunkReader.read_ahead``): rules still reach chunks unread."""
+    read_ahead = ChunkReader.read_ahead
+    Backlog.chunk_size, ChunkReader.read_ahead = PACK_CHUNK, 1
     try:
         run_state_machine_as_test(machine, settings=options)
     finally:
-        Backlog.chunk_size = CHUNK
+        Backlog.chunk_size, ChunkReader.read_ahead = CHUNK, read_ahead
 
 
 def _reactor() -> Any:

@@ -50,10 +50,6 @@ from mqserver.storage.pending_chunk import PendingChunk
 from mqserver.storage.sqlite_rows import read_span_thd
 from mqserver.storage.worker import StoreThread
 
-READ_AHEAD = 15
-"""Chunks a read reads after the one asked for (``ChunkReader.read_thd``): 16
-chunks, about 25 ms of the store's thread for 100-byte messages."""
-
 
 class SQLiteChunk(PendingChunk):
     """A chunk whose rows are still in the database (module docstring)."""
@@ -68,7 +64,7 @@ class SQLiteChunk(PendingChunk):
         self._reader = reader
         self._decoded: Chunk | None = None  # the rows, until the slots take them
         self._waiting: threading.Event | None = None  # set once a read was asked for
-        self._next: SQLiteChunk | None = None  # the queue's next chunk (``READ_AHEAD``)
+        self._next: SQLiteChunk | None = None  # the queue's next chunk (``read_ahead``)
 
     def check(self) -> str | None:
         """None once the rows are read (kept until the first read of the content), else
@@ -95,6 +91,11 @@ class SQLiteChunk(PendingChunk):
 
 class ChunkReader:
     """Reads one open's ``SQLiteChunk``\\ s in the store's thread, for any thread."""
+
+    #: chunks a read reads after the one asked for (``read_thd``): 16 chunks in
+    #: all, about 25 ms of the store's thread for 100-byte messages (the
+    #: durability machine makes it 1, as its chunks are of 4 messages)
+    read_ahead = 15
 
     def __init__(self, thread: StoreThread, connection: Callable[[], sqlite3.Connection],
                  path: Path) -> None:
@@ -145,7 +146,7 @@ class ChunkReader:
         waiting.wait()
 
     def read_thd(self, chunk: SQLiteChunk) -> None:
-        """Read ``chunk``'s rows unless that was done, then up to ``READ_AHEAD``
+        """Read ``chunk``'s rows unless that was done, then up to ``read_ahead``
         unread chunks after it in its queue (the store's thread).
 
         Its waiters go on as soon as it is read.  Reading ahead keeps the
@@ -154,7 +155,7 @@ class ChunkReader:
         let a consumer that drains at once catch up and wait at every chunk."""
         self._read_one_thd(chunk)
         ahead = chunk._next
-        for _ in range(READ_AHEAD):
+        for _ in range(self.read_ahead):
             if ahead is None:
                 break
             self._read_one_thd(ahead)

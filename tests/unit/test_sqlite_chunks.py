@@ -20,7 +20,7 @@ from mqserver.broker.ready import PackedReady
 from mqserver.model import ENQUEUE, Message
 from mqserver.packed import Backlog, check_thd
 from mqserver.storage.sqlite import SQLiteStore
-from mqserver.storage.sqlite_chunks import READ_AHEAD, ChunkReader, SQLiteChunk
+from mqserver.storage.sqlite_chunks import ChunkReader, SQLiteChunk
 from mqserver.storage.worker import StoreThread
 from mqserver.testing import message
 
@@ -84,7 +84,8 @@ def test_a_read_reads_ahead_in_its_queue(tmp_path: Path) -> Any:
     """A consumer draining at once finds the next chunks read: each read waits
     behind the batches queued before it, so one chunk a read would not keep up."""
     path = tmp_path / "mqserver.sqlite3"
-    whole = READ_AHEAD + 4
+    ahead = ChunkReader.read_ahead
+    whole = ahead + 4
     messages = sent(SIZE * whole)
     others = [message(seq, queue=b"other") for seq in range(len(messages) + 1,
                                                             len(messages) + 1 + SIZE * 2)]
@@ -94,9 +95,9 @@ def test_a_read_reads_ahead_in_its_queue(tmp_path: Path) -> Any:
         chunks = recovered.queues[b"q"].messages.chunks
         assert chunks[0].check() is None
         yield store.run_thd(lambda conn: None)  # the reads ahead are done
-        assert unread(chunks) == whole - 1 - READ_AHEAD
+        assert unread(chunks) == whole - 1 - ahead
         assert unread(recovered.queues[b"other"].messages.chunks) == 2  # its own queue's only
-        assert chunks[READ_AHEAD + 1].check() is None  # the next read goes on from there
+        assert chunks[ahead + 1].check() is None  # the next read goes on from there
         yield store.run_thd(lambda conn: None)
         assert unread(chunks) == 0 and list(recovered.queues[b"q"].messages) == messages
     finally:
@@ -166,7 +167,8 @@ def test_rows_that_are_not_the_ones_counted_make_the_chunk_one_check_reports(
 
 @pytest_twisted.inlineCallbacks
 def test_a_broker_withholds_a_chunk_whose_rows_changed_and_serves_the_rest(
-        tmp_path: Path, logged: list[str]) -> Any:
+        tmp_path: Path, logged: list[str], monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setattr(ChunkReader, "read_ahead", 0)  # a read is the chunk asked for
     path = tmp_path / "mqserver.sqlite3"
     messages = sent(13)
     yield written(path, messages)
