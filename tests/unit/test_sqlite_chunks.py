@@ -235,3 +235,20 @@ def test_a_check_once_the_store_thread_stopped_reports_it_at_once() -> None:
     assert reader.unread == 1
     assert chunk.check() == "the store closed before it was read"
     assert reader.unread == 0 and chunk.unchecked
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_posted_call_that_fails_is_logged_and_the_thread_goes_on(logged: list[str]) -> Any:
+    thread = StoreThread(reactor, "test-posted")
+    thread.start()
+    try:
+        thread.post(lambda: 1 / 0)
+        assert (yield thread.run(lambda: "next")) == "next"
+        yield deferToThread(lambda: None)  # the log call queued from the thread ran
+        assert any("test-posted: a posted call failed" in line for line in logged), logged
+        assert thread.is_current() is False
+        assert (yield thread.run(thread.is_current)) is True
+    finally:
+        thread.stop()
+    with pytest.raises(RuntimeError, match="not running"):
+        thread.post(lambda: None)
