@@ -186,7 +186,8 @@ class LogStore(Compaction):
         self._at_rest.start(self.index_at_rest)
         # what a crash now would walk: all of it after a snapshot (the checkpoint
         # there may be older), else what this recovery walked
-        self.checkpoints.start(self._total if self.from_snapshot else result.walked)
+        self.checkpoints.start(self._total if self.from_snapshot else result.walked,
+                               result.checkpoint[0] if result.checkpoint else 0)
         log.info("log {dir}: {n} segments, {total} bytes, {live} live; fsync={policy}",
                  dir=str(self.directory), n=len(self._segments), total=self._total,
                  live=self._index.live_total, policy=self.policy)

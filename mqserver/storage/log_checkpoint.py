@@ -251,6 +251,12 @@ class Checkpointer:
     make a quiet broker's next crash restart cheap.  ``state`` gives the
     capture, or None while the store must not write one (a failed write or
     compaction, a close).
+
+    Compaction deleting a segment at or after the standing checkpoint's
+    position (``dropped``) writes a new one at once: the records after the
+    position that went with it may have been tombstones, and a walk that
+    cannot see them cannot use the checkpoint (``log_checkpoint_recovery``
+    replays the whole log then).
     """
 
     def __init__(self, thread: StoreThread, files: SegmentFiles, path: Path, clock: Any,
@@ -259,12 +265,13 @@ class Checkpointer:
         self.every_bytes, self.every_seconds = parse(every)
         self.unchecked = 0  # bytes a crash restart would walk that no checkpoint covers
         self.written = 0  # checkpoints written (tests, stats)
+        self.standing: int | None = None  # the segment of the one on disk; 0: not known
         self._pending: Deferred[bool] | None = None
         self._ticker = LoopingCall(self._tick)
         self._ticker.clock = clock
 
-    def start(self, unchecked: int) -> None:
-        self.unchecked = unchecked
+    def start(self, unchecked: int, standing: int) -> None:
+        self.unchecked, self.standing = unchecked, standing
         if self.every_seconds:
             self._ticker.start(self.every_seconds, now=False)
 
@@ -275,6 +282,12 @@ class Checkpointer:
     def wrote(self, size: int) -> None:
         self.unchecked += size
         if self.every_bytes and self.unchecked >= self.every_bytes:
+            self.now()
+
+    def dropped(self, segment: int) -> None:
+        """Compaction deleted ``segment``."""
+        if (self.every_bytes or self.every_seconds) and self.standing is not None \
+                and segment >= self.standing:
             self.now()
 
     def _tick(self) -> None:
@@ -302,13 +315,15 @@ class Checkpointer:
             return succeed(False)
         self.unchecked = 0
         d = self._pending = self._thread.run(write_thd, self._files, self.path, point)
-        return d.addCallbacks(self._done, self._failed)
+        return d.addCallbacks(self._done, self._failed, callbackArgs=(point.segment,))
 
-    def _done(self, result: tuple[bool, str]) -> bool:
+    def _done(self, result: tuple[bool, str], segment: int) -> bool:
         self._pending = None
         written, text = result
         (log.info if written else log.warn)("{text}", text=text)
-        self.written += written
+        if written:
+            self.written += 1
+            self.standing = segment
         return written
 
     def _failed(self, failure: Any) -> bool:

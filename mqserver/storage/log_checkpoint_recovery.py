@@ -16,9 +16,10 @@ does not re-point).
 in any segment, and every segment after it is walked whole.  Compaction
 copies a head's live records to the tail and then deletes the head; if the
 head went after the checkpoint, every copy is after the position, and the
-walk re-points the index to it (a BIND too: ``TailReplay``), so the deleted
-heads' live bytes come to zero.  A full replay never sees those heads; the
-walk from the checkpoint gives the same index, live bytes included.
+walk re-points the index to it (a BIND's live record is its newest, as a
+DECLARE's: ``LogIndex.bind``), so the deleted heads' live bytes come to
+zero.  A full replay never sees those heads; the walk from the checkpoint
+gives the same index, live bytes included.
 
 **Options and records** are not in the checkpoint: once the walk is done,
 each is read back from the DECLARE or PUT record the index points at, as a
@@ -33,29 +34,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from mqserver.model import BIND, DECLARE, PUT, Recovered
+from mqserver.model import DECLARE, PUT, Recovered
 from mqserver.storage import log_records as records
 from mqserver.storage.log_checkpoint import Checkpoint, CheckpointError, decode
 from mqserver.storage.log_recovery import RecoveryResult, Replay, finish, walk_thd
 from mqserver.storage.log_segment import SegmentFiles
-
-
-class TailReplay(Replay):
-    """A replay that starts from a checkpoint's index: a BIND whose binding lives
-    in a segment compaction deleted moves it (the copy), as a full replay, which
-    never saw the original, would have it."""
-
-    def __init__(self, point: Checkpoint, gone: set[int]) -> None:
-        super().__init__()
-        self.index, self.next_seq, self.gone = point.index, point.next_seq, gone
-
-    def apply(self, op: tuple[Any, ...], location: int) -> None:
-        if op[0] == BIND and self.gone:
-            old = self.index.bindings.get(op[1], {}).get(op[2])
-            if old is not None and old >> 64 in self.gone:
-                self.index.move_binding(op[1], op[2], location)
-                return
-        super().apply(op, location)
 
 
 def recover_thd(files: SegmentFiles, path: Path,
@@ -68,7 +51,8 @@ def recover_thd(files: SegmentFiles, path: Path,
     try:
         point = decode(path.read_bytes())
         gone, tail = _check_segments(files, point)
-        replay = TailReplay(point, gone)
+        replay = Replay()
+        replay.index, replay.next_seq = point.index, point.next_seq
         result = RecoveryResult(Recovered(), replay.index, {}, replay.next_seq)
         # the position's segment, from the position; or, once compaction deleted
         # it, every segment left, all of them after it

@@ -30,6 +30,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks, succeed
 from twisted.logger import Logger
 
 from mqserver.storage import log_records as records
+from mqserver.storage.log_checkpoint import Checkpointer
 from mqserver.storage.log_index import LogIndex, loc
 from mqserver.storage.log_segment import SegmentFiles
 from mqserver.storage.worker import StoreThread
@@ -64,6 +65,7 @@ class Compaction:
     _grow: Any
     _write: Any
     _job: Any
+    checkpoints: Checkpointer
 
     _compaction: Deferred[None] | None = None
     _compaction_failed = False
@@ -136,6 +138,7 @@ class Compaction:
         self._total -= self._segments.pop(head)
         self._index.live.pop(head, None)
         self.segments_deleted += 1
+        self.checkpoints.dropped(head)
 
     def _live_spans(self, head: int) -> list[tuple[int, int]] | None:
         """(offset, frame size) of every live record in ``head``, from the index,
@@ -219,7 +222,7 @@ class Compaction:
                     index.put_record(key[0], key[1], loc(segment, offset, len(data)))
                 else:
                     data = records.frame(payload)
-                    index.move_binding(key[0], key[1], loc(segment, offset, len(data)))
+                    index.bind(key[0], key[1], loc(segment, offset, len(data)))
                 frames.append(data)
                 offset += len(data)
             frames.append(records.frame(records.encode_commit(len(keep), self._next_seq)))

@@ -143,21 +143,18 @@ class LogIndex:
         self.declares[queue] = location
         self._add(location)
 
-    def bind(self, queue: bytes, event: bytes, location: int) -> bool:
-        """Record a binding; False (the record is garbage) if it already existed."""
+    def bind(self, queue: bytes, event: bytes, location: int) -> None:
+        """The binding's live record is its newest BIND, as a DECLARE's and a PUT's:
+        a bind of an existing binding, or compaction's copy of its record, moves
+        it.  So a replay that never saw a deleted segment's record and the index
+        that moved past it agree on where it is (a checkpoint's walk too)."""
         events = self.bindings.get(queue)
         if events is None:
             events = self.bindings[queue] = {}
-        if event in events:
-            return False
+        old = events.get(event)
+        if old is not None:
+            self._drop(old)
         events[event] = location
-        self._add(location)
-        return True
-
-    def move_binding(self, queue: bytes, event: bytes, location: int) -> None:
-        """The live BIND record was rewritten (compaction)."""
-        self._drop(self.bindings[queue][event])
-        self.bindings[queue][event] = location
         self._add(location)
 
     def unbind(self, queue: bytes, event: bytes) -> None:
