@@ -69,13 +69,15 @@ def make(path: Path, **kwargs: Any) -> LogStore:
 
 def index_of(store: LogStore) -> tuple[Any, ...]:
     """The index as plain values (copies: a compaction may go on moving it): every
-    live location, and the live bytes.  A queue's empty ``SeqIndex`` is the same
-    as none (a replay makes one only if it sees the queue's records)."""
+    live location, and the live bytes.  A queue's empty ``SeqIndex`` or bindings,
+    a namespace's empty records, are the same as none (a replay makes them only
+    if it sees their records)."""
     index = store._index
     messages = {queue: list(by_seq.everything()) for queue, by_seq in index.messages.items()}
     return ({queue: entries for queue, entries in messages.items() if entries},
-            dict(index.declares), {name: dict(events) for name, events in index.bindings.items()},
-            {name: dict(keys) for name, keys in index.records.items()},
+            dict(index.declares),
+            {name: dict(events) for name, events in index.bindings.items() if events},
+            {name: dict(keys) for name, keys in index.records.items() if keys},
             {segment: live for segment, live in index.live.items() if live}, index.live_total)
 
 
