@@ -205,6 +205,9 @@ class LogStore(Compaction):
             "fsyncs_total": files.fsyncs,
             "fsync_seconds_total": files.fsync_seconds,
             "last_fsync_seconds": files.last_fsync_seconds,
+            "checkpoints_total": self.checkpoints.written,
+            # what a crash restart now would walk past the last checkpoint
+            "checkpoint_behind_bytes": self.checkpoints.unchecked,
         }
 
     @inlineCallbacks

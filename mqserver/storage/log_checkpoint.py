@@ -281,7 +281,9 @@ class Checkpointer:
 
     def wrote(self, size: int) -> None:
         self.unchecked += size
-        if self.every_bytes and self.unchecked >= self.every_bytes:
+        # not while one is being written: each batch until it is would queue
+        # one more behind it; the first batch after it asks again
+        if self.every_bytes and self.unchecked >= self.every_bytes and self._pending is None:
             self.now()
 
     def dropped(self, segment: int) -> None:
@@ -291,7 +293,7 @@ class Checkpointer:
             self.now()
 
     def _tick(self) -> None:
-        if self.unchecked:
+        if self.unchecked and self._pending is None:
             self.now()
 
     def now(self) -> Deferred[bool]:
@@ -320,7 +322,13 @@ class Checkpointer:
     def _done(self, result: tuple[bool, str], segment: int) -> bool:
         self._pending = None
         written, text = result
-        (log.info if written else log.warn)("{text}", text=text)
+        if not written:
+            log.warn("{text}", text=text)
+        elif not self.written:
+            # the first one says the store writes them; the rest, every few
+            # seconds while anything is written, are counted in /metrics
+            log.info("{text} (the next ones are counted in /metrics: "
+                     "mqserver_store_checkpoints_total)", text=text)
         if written:
             self.written += 1
             self.standing = segment

@@ -433,3 +433,29 @@ def test_compaction_past_the_position_writes_a_new_checkpoint(tmp_path):
     assert store.checkpoints.standing > standing
     yield store.close()
     yield check_against_a_full_replay(tmp_path, True)
+
+
+@pytest_twisted.inlineCallbacks
+def test_the_first_checkpoint_is_logged_the_next_counted_and_batches_queue_none(tmp_path,
+                                                                              logged):
+    clock = Clock()
+    store = LogStore(tmp_path, clock=clock, checkpoint="1:5", index_at_rest=0)
+    yield store.open()
+
+    def big(first: int) -> Any:
+        return store.apply([(ENQUEUE, message(seq, body=b"x" * 5000))
+                            for seq in range(first, first + 220)])
+
+    big(100)  # past 1 MiB: one is captured now, written behind the batch
+    big(320)  # past 1 MiB again each, while it is being written: none more
+    big(540)
+    yield store.drain()
+    assert store.checkpoints.written == 1
+    metrics = store.metrics()
+    assert metrics["checkpoints_total"] == 1 and metrics["checkpoint_behind_bytes"] > 2 << 20
+    yield big(760)  # the first batch after it: the next one
+    yield store.drain()
+    assert store.metrics()["checkpoints_total"] == 2
+    assert store.metrics()["checkpoint_behind_bytes"] == 0
+    assert sum("log checkpoint written" in line for line in logged) == 1
+    yield store.close()
