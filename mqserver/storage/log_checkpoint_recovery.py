@@ -38,7 +38,7 @@ from mqserver.model import DECLARE, PUT, Recovered
 from mqserver.storage import log_records as records
 from mqserver.storage.log_checkpoint import Checkpoint, CheckpointError, decode
 from mqserver.storage.log_recovery import RecoveryResult, Replay, finish, walk_thd
-from mqserver.storage.log_segment import SegmentFiles
+from mqserver.storage.log_segment import Data, SegmentFiles
 
 
 def recover_thd(files: SegmentFiles, path: Path,
@@ -72,7 +72,7 @@ def recover_thd(files: SegmentFiles, path: Path,
                     raise CheckpointError(f"its index points into segment {number}, "
                                           "which it does not list")
                 if live > 0:  # the messages and records there, decoded from it
-                    kept[number] = files.read_thd(number)
+                    kept[number] = files.map_thd(number)  # sealed: before the position
         _reread(replay, kept)
     except (CheckpointError, OSError) as e:
         notes.append(("warn", f"log checkpoint {path} not used ({e}); replaying the whole log"))
@@ -126,7 +126,7 @@ def _check_segments(files: SegmentFiles, point: Checkpoint) -> tuple[set[int], l
     return gone, [number for number in numbers if number >= point.segment]
 
 
-def _reread(replay: Replay, kept: dict[int, bytes]) -> None:
+def _reread(replay: Replay, kept: dict[int, Data]) -> None:
     """Each queue's options and each record, from the DECLARE and PUT records the
     index points at: what a full replay keeps as it goes."""
     index = replay.index
@@ -137,7 +137,7 @@ def _reread(replay: Replay, kept: dict[int, bytes]) -> None:
                       for namespace, keys in index.records.items()}
 
 
-def _record_at(kept: dict[int, bytes], location: int, kind: str,
+def _record_at(kept: dict[int, Data], location: int, kind: str,
                *key: bytes) -> tuple[Any, ...]:
     data = kept.get(location >> 64)
     offset, size = (location >> 32) & 0xFFFFFFFF, location & 0xFFFFFFFF

@@ -27,10 +27,12 @@ from __future__ import annotations
 import struct
 import threading
 from bisect import bisect_left
+from collections.abc import Collection
 from typing import Any
 
 from mqserver.packed import Chunk
 from mqserver.storage import log_records as records
+from mqserver.storage.log_segment import Data
 from mqserver.storage.log_seq_index import SeqIndex
 from mqserver.storage.pending_chunk import PendingChunk
 
@@ -49,7 +51,7 @@ def head_at(data: bytes, location: int) -> tuple[int, int]:
         start - _FRAME + (location & _MASK)
 
 
-def message_fields(segments: dict[int, bytes], location: int) -> tuple[Any, ...]:
+def message_fields(segments: dict[int, Data], location: int) -> tuple[Any, ...]:
     """The fields of the ENQUEUE or REQUEUE record at ``location`` (``Message``'s order)."""
     data = segments[location >> 64]
     return records.message_fields(data, *head_at(data, location))
@@ -60,7 +62,7 @@ _REQUEUE_FLAGS = _FRAME + 9 + _FLAGS_AT  # a REQUEUE's (its old seq first)
 _EXPIRES_BIT = bytes(value & _HAS_EXPIRES for value in range(256))  # for bytes.translate
 
 
-def expiring_seqs(segments: dict[int, bytes], by_seq: SeqIndex) -> list[int]:
+def expiring_seqs(segments: dict[int, Data], by_seq: SeqIndex) -> list[int]:
     """The seqs of a queue's live messages with a TTL, in order (each flags byte read).
 
     Every live message of a replay goes through here.  An archived run
@@ -114,7 +116,7 @@ class ReplayChunk(PendingChunk):
 
     origin = "log replay"
 
-    def __init__(self, queue: bytes, segments: dict[int, bytes], locations: list[int],
+    def __init__(self, queue: bytes, segments: dict[int, Data], locations: Collection[int],
                  first: int, last: int, lock: threading.Lock) -> None:
         super().__init__(queue, len(locations), first, last)
         self._segments, self._locations = segments, locations

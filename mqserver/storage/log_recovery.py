@@ -28,7 +28,6 @@ import threading
 import time
 import zlib
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
 from mqserver.model import (
@@ -58,7 +57,7 @@ from mqserver.storage.log_chunks import (
     message_fields,
 )
 from mqserver.storage.log_index import LogIndex, loc
-from mqserver.storage.log_segment import SegmentFiles
+from mqserver.storage.log_segment import Data, SegmentFiles
 
 
 @dataclass
@@ -250,7 +249,7 @@ class Replay:
                 next_seq = self.next_seq
         self.next_seq = next_seq
 
-    def result(self, segments: dict[int, bytes], notes: list[tuple[str, str]]) -> Recovered:
+    def result(self, segments: dict[int, Data], notes: list[tuple[str, str]]) -> Recovered:
         """The state, each live message in ``segments`` (number -> data) packed."""
         recovered = Recovered(
             next_seq=self.next_seq,
@@ -260,17 +259,16 @@ class Replay:
         for name in self.index.queue_names():
             by_seq = self.index.messages.get(name)
             backlog = Backlog()
-            entries = iter(()) if by_seq is None else by_seq.everything()
+            blocks = iter(()) if by_seq is None else by_seq.blocks(size)
             expiring = [] if by_seq is None else expiring_seqs(segments, by_seq)
-            while block := list(islice(entries, size)):
-                locations = [location for _, location in block]
-                if len(block) == size and not any_within(expiring, block[0][0], block[-1][0]):
+            for first, last, seqs, locations in blocks:
+                if len(seqs) == size and not any_within(expiring, first, last):
                     # decoded once the broker serves (``log_chunks``)
-                    backlog.append_chunk(ReplayChunk(name, segments, locations, block[0][0],
-                                                     block[-1][0], lock))
+                    backlog.append_chunk(ReplayChunk(name, segments, locations, first, last,
+                                                     lock))
                     continue
                 rows: list[tuple[Any, ...]] = []
-                for seq, location in block:
+                for seq, location in zip(seqs, locations, strict=True):
                     try:
                         rows.append(message_fields(segments, location))
                     except DECODE_ERRORS as e:
@@ -326,10 +324,10 @@ def recover_thd(files: SegmentFiles) -> RecoveryResult:
 
 
 def walk_thd(files: SegmentFiles, replay: Replay, result: RecoveryResult, numbers: list[int],
-             start: int) -> dict[int, bytes]:
+             start: int) -> dict[int, Data]:
     """Replay segments ``numbers``, the first from ``start``, the others whole; repair
     the newest one's tail; what each replayed segment holds, for ``Replay.result``."""
-    kept: dict[int, bytes] = {}
+    kept: dict[int, Data] = {}
     previous: int | None = None
     for position, number in enumerate(numbers):
         newest = position == len(numbers) - 1
@@ -377,7 +375,7 @@ def walk_thd(files: SegmentFiles, replay: Replay, result: RecoveryResult, number
     return kept
 
 
-def finish(files: SegmentFiles, replay: Replay, result: RecoveryResult, kept: dict[int, bytes],
+def finish(files: SegmentFiles, replay: Replay, result: RecoveryResult, kept: dict[int, Data],
            started: float) -> RecoveryResult:
     """The replayed state packed into ``result``, and the line that says how long it took."""
     result.recovered = replay.result(kept, result.notes)

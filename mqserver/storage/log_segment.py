@@ -24,6 +24,9 @@ from mqserver.storage.errors import StoreLockedError
 
 SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 
+Data = bytes | mmap.mmap
+"""A segment's contents as recovery holds them: read (``read_thd``) or mapped (``map_thd``)."""
+
 
 def segment_name(number: int) -> str:
     return f"{number:020d}.seg"
@@ -159,6 +162,18 @@ class SegmentFiles:
 
     def read_thd(self, number: int) -> bytes:
         return self.path(number).read_bytes()
+
+    def map_thd(self, number: int) -> Data:
+        """A sealed segment's bytes, mapped rather than read: a restart from the
+        checkpoint decodes its live messages from it later, one chunk at a
+        time, and reading 64 MiB segments whole was 0.1 s of a 1M-message
+        start.  Only for segments nothing writes or truncates again (sealed
+        ones: compaction deletes them whole, which leaves a mapping valid)."""
+        with open(self.path(number), "rb") as f:
+            try:
+                return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+            except ValueError:  # an empty file cannot be mapped
+                return b""
 
     def read_records_thd(
         self, number: int, spans: list[tuple[int, int]]

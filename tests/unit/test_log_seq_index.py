@@ -98,6 +98,15 @@ class Model:
         assert sum(self.index.live.values()) == self.index.live_total
         if by_seq is not None:
             assert by_seq.archived_count() + len(by_seq) == len(self.model)
+            for size in (1, 3, 8):  # what a replay packs (``Replay.result``), a chunk at a time
+                blocks = list(by_seq.blocks(size))
+                assert [(seq, location) for _, _, seqs, locations in blocks
+                        for seq, location in zip(seqs, locations, strict=True)] == \
+                    sorted(self.model.items())
+                assert all(len(seqs) == len(locations) == size
+                           for _, _, seqs, locations in blocks[:-1])
+                assert [(first, last) for first, last, _, _ in blocks] == \
+                    [(min(seqs), max(seqs)) for _, _, seqs, _ in blocks]
             assert all(seq <= by_seq.last for seq, _ in by_seq.archived())
             assert list(by_seq.starts) == sorted(by_seq.starts)
             for segment in {location >> 64 for location in self.model.values()}:
