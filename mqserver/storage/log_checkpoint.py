@@ -271,9 +271,18 @@ class Checkpointer:
         self._ticker.clock = clock
 
     def start(self, unchecked: int, standing: int) -> None:
+        """The store is open; a crash now would walk ``unchecked`` bytes: all of the
+        log after a start from the clean-shutdown snapshot, what the recovery
+        walked otherwise.  If any, a checkpoint is written at once: a crash soon
+        after a start (before the first tick, or a second crash in a row) then
+        walks only what came since.  The index a start holds is cheap to
+        capture: a snapshot's is archived, a replay's at most ``ARCHIVE_AT``
+        dict entries a queue."""
         self.unchecked, self.standing = unchecked, standing
         if self.every_seconds:
             self._ticker.start(self.every_seconds, now=False)
+        if unchecked and (self.every_bytes or self.every_seconds):
+            self.now()
 
     def stop(self) -> None:
         if self._ticker.running:

@@ -386,11 +386,13 @@ def test_checkpoints_come_after_bytes_written_and_seconds_after_a_write(tmp_path
     yield store.close()
     (tmp_path / log_checkpoint.FILENAME).unlink()
     store = LogStore(tmp_path, clock=clock, checkpoint="1:5", index_at_rest=0)
-    yield store.open()  # a full replay: what it walked is due in 5 s
-    assert store.checkpoints.unchecked > 1 << 20
-    clock.advance(5)
+    yield store.open()  # a full replay: what it walked is written at once
     yield store.drain()
-    assert store.checkpoints.written == 1
+    assert store.checkpoints.written == 1 and store.checkpoints.unchecked == 0
+    yield store.close()
+    store = LogStore(tmp_path, clock=clock, checkpoint="1:5", index_at_rest=0)
+    yield store.open()  # and the next crash restart walks nothing
+    assert store.recovery.checkpoint is not None and store.recovery.walked == 0
     yield store.close()
 
 
@@ -458,4 +460,27 @@ def test_the_first_checkpoint_is_logged_the_next_counted_and_batches_queue_none(
     assert store.metrics()["checkpoints_total"] == 2
     assert store.metrics()["checkpoint_behind_bytes"] == 0
     assert sum("log checkpoint written" in line for line in logged) == 1
+    yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_start_from_the_snapshot_writes_a_checkpoint_at_once(tmp_path):
+    """A crash soon after a clean restart (before the first tick) walks nothing."""
+    clock = Clock()
+    store = LogStore(tmp_path, clock=clock, checkpoint="off", index_at_rest=0)
+    yield store.open()
+    for ops in SETUP + fill(30):
+        yield store.apply(ops)
+    yield store.close()  # a crash, and no checkpoint: a full replay, then a clean stop
+    store = LogStore(tmp_path, clock=clock, checkpoint="off", index_at_rest=0)
+    recovered = yield store.open()
+    assert (yield store.close_clean(recovered))
+    store = LogStore(tmp_path, clock=clock, checkpoint="64:5", index_at_rest=0)
+    yield store.open()
+    yield store.drain()
+    assert store.from_snapshot and store.checkpoints.written == 1
+    yield store.close()  # a crash: no snapshot
+    store = LogStore(tmp_path, clock=clock, checkpoint="64:5", index_at_rest=0)
+    yield store.open()
+    assert store.recovery.checkpoint is not None and store.recovery.walked == 0
     yield store.close()
