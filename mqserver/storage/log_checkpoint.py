@@ -241,6 +241,13 @@ def write_thd(files: SegmentFiles, path: Path, point: Capture) -> tuple[bool, st
                   f"{len(data)} bytes in {time.perf_counter() - started:.3f} s")
 
 
+IDLE_SECONDS = 0.5
+"""A checkpoint is also written once the store has written nothing for this long..."""
+IDLE_BYTES = 1 << 20
+"""...after at least this much since the last one (a smaller tail walks in
+milliseconds; a trickle of messages would otherwise fsync a checkpoint for each)."""
+
+
 class Checkpointer:
     """When the log store writes its checkpoint (reactor thread): after
     ``every_bytes`` written since the last one (``wrote``, for every batch and
@@ -248,7 +255,11 @@ class Checkpointer:
     by the last recovery) otherwise; one at a time.
 
     Bytes bound the worst case, the records a crash restart walks; seconds
-    make a quiet broker's next crash restart cheap.  ``state`` gives the
+    make a quiet broker's next crash restart cheap.  A burst's end is the
+    third occasion: ``IDLE_BYTES`` or more written, then nothing for
+    ``IDLE_SECONDS`` (a burst then quiet is how most backlogs form, and a
+    crash is likelier in the quiet than within the burst), at no cost while
+    the writes go on.  ``state`` gives the
     capture, or None while the store must not write one (a failed write or
     compaction, a close).
 
@@ -267,8 +278,12 @@ class Checkpointer:
         self.written = 0  # checkpoints written (tests, stats)
         self.standing: int | None = None  # the segment of the one on disk; 0: not known
         self._pending: Deferred[bool] | None = None
+        self._clock = clock
+        self._last_write = 0.0
         self._ticker = LoopingCall(self._tick)
         self._ticker.clock = clock
+        self._idle = LoopingCall(self._idle_tick)
+        self._idle.clock = clock
 
     def start(self, unchecked: int, standing: int) -> None:
         """The store is open; a crash now would walk ``unchecked`` bytes: all of the
@@ -281,15 +296,19 @@ class Checkpointer:
         self.unchecked, self.standing = unchecked, standing
         if self.every_seconds:
             self._ticker.start(self.every_seconds, now=False)
-        if unchecked and (self.every_bytes or self.every_seconds):
-            self.now()
+        if self.every_bytes or self.every_seconds:
+            self._idle.start(IDLE_SECONDS / 2, now=False)
+            if unchecked:
+                self.now()
 
     def stop(self) -> None:
-        if self._ticker.running:
-            self._ticker.stop()
+        for loop in (self._ticker, self._idle):
+            if loop.running:
+                loop.stop()
 
     def wrote(self, size: int) -> None:
         self.unchecked += size
+        self._last_write = self._clock.seconds()
         # not while one is being written: each batch until it is would queue
         # one more behind it; the first batch after it asks again
         if self.every_bytes and self.unchecked >= self.every_bytes and self._pending is None:
@@ -303,6 +322,11 @@ class Checkpointer:
 
     def _tick(self) -> None:
         if self.unchecked and self._pending is None:
+            self.now()
+
+    def _idle_tick(self) -> None:
+        if (self.unchecked >= IDLE_BYTES and self._pending is None
+                and self._clock.seconds() - self._last_write >= IDLE_SECONDS):
             self.now()
 
     def now(self) -> Deferred[bool]:
