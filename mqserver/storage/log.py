@@ -122,7 +122,8 @@ class LogStore(Compaction):
         # seconds between looks for a queue's index at rest (log_rest; 0: never)
         self.index_at_rest = index_at_rest
         self._at_rest = IndexAtRest(self._clock, lambda: self._index,
-                                    lambda: self._closing or self._compaction is not None)
+                                    lambda: self._closing or self._compaction is not None,
+                                    lambda: self.checkpoints.rested())
         self._compaction = None
         self._compaction_failed = False
         self._closing = False

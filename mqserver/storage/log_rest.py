@@ -43,10 +43,11 @@ class IndexAtRest:
     """
 
     def __init__(self, clock: Any, index: Callable[[], LogIndex],
-                 busy: Callable[[], bool]) -> None:
+                 busy: Callable[[], bool], rested: Callable[[], object] = lambda: None) -> None:
         self.clock = clock
         self.index = index
         self.busy = busy
+        self.rested = rested  # every queue at rest is archived (the store's checkpoint)
         self.least = LEAST
         self.quiet = QUIET
         self.slice = SLICE
@@ -98,4 +99,5 @@ class IndexAtRest:
                 moving.pop(0)
                 if not moving:
                     give_back()
+                    self.rested()
         return bool(moving)

@@ -509,3 +509,20 @@ def test_a_burst_then_quiet_is_checkpointed_once_the_writes_stop(tmp_path):
     yield store.drain()
     assert store.checkpoints.written == 1 and store.checkpoints.unchecked > 0
     yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_an_index_moved_at_rest_is_checkpointed_as_runs(tmp_path):
+    clock = Clock()
+    store = LogStore(tmp_path, clock=clock, checkpoint="64:0", index_at_rest=1.0)
+    yield store.open()
+    for first in range(1, 6001, 1000):
+        yield store.apply([(ENQUEUE, message(seq)) for seq in range(first, first + 1000)])
+    for _ in range(40):  # looks a second apart, then a slice a reactor turn
+        clock.advance(1.0)
+    yield store.drain()
+    assert not store._index.messages[b"q"] and store.checkpoints.written == 1
+    point = log_checkpoint.decode((tmp_path / log_checkpoint.FILENAME).read_bytes())
+    by_seq = point.index.messages[b"q"]
+    assert not by_seq and by_seq.archived_count() == 6000
+    yield store.close()

@@ -41,6 +41,17 @@ def test_an_index_at_rest_moves_to_the_arrays_a_slice_at_a_time():
     assert index.remove_message(b"q", 1) and index.message_location(b"q", 2) == loc(1, 32, 16)
 
 
+def test_it_says_when_every_queue_at_rest_is_moved():
+    index, told = _index(30), []
+    at_rest = IndexAtRest(Clock(), lambda: index, lambda: False, lambda: told.append(True))
+    at_rest.least, at_rest.quiet, at_rest.slice = 10, 3, 4
+    at_rest.look()
+    at_rest.look()
+    while at_rest.move_slice():
+        assert not told
+    assert told == [True]
+
+
 def test_the_looping_call_moves_it_and_a_busy_index_stays():
     clock = Clock()
     index = _index(30)
