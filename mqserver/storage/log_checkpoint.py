@@ -241,13 +241,6 @@ def write_thd(files: SegmentFiles, path: Path, point: Capture) -> tuple[bool, st
                   f"{len(data)} bytes in {time.perf_counter() - started:.3f} s")
 
 
-IDLE_SECONDS = 0.5
-"""A checkpoint is also written once the store has written nothing for this long..."""
-IDLE_BYTES = 1 << 20
-"""...after at least this much since the last one (a smaller tail walks in
-milliseconds; a trickle of messages would otherwise fsync a checkpoint for each)."""
-
-
 class Checkpointer:
     """When the log store writes its checkpoint (reactor thread): after
     ``every_bytes`` written since the last one (``wrote``, for every batch and
@@ -255,11 +248,13 @@ class Checkpointer:
     by the last recovery) otherwise; one at a time.
 
     Bytes bound the worst case, the records a crash restart walks; seconds
-    make a quiet broker's next crash restart cheap.  A burst's end is the
-    third occasion: ``IDLE_BYTES`` or more written, then nothing for
-    ``IDLE_SECONDS`` (a burst then quiet is how most backlogs form, and a
-    crash is likelier in the quiet than within the burst), at no cost while
-    the writes go on.  ``state`` gives the
+    make a quiet broker's next crash restart cheap.  A backlog at rest is
+    the third occasion (``rested``): a burst then quiet is how most
+    backlogs form, and a crash is likelier in the quiet than within the
+    burst.  Not the burst's end itself: a checkpoint then copies up to
+    ``ARCHIVE_AT`` dict entries a queue, and its temporaries, made in the
+    store thread while the broker packs the backlog, left 13-15 MB more
+    RSS at rest for 1M messages (docs/performance.md).  ``state`` gives the
     capture, or None while the store must not write one (a failed write or
     compaction, a close).
 
@@ -278,12 +273,8 @@ class Checkpointer:
         self.written = 0  # checkpoints written (tests, stats)
         self.standing: int | None = None  # the segment of the one on disk; 0: not known
         self._pending: Deferred[bool] | None = None
-        self._clock = clock
-        self._last_write = 0.0
         self._ticker = LoopingCall(self._tick)
         self._ticker.clock = clock
-        self._idle = LoopingCall(self._idle_tick)
-        self._idle.clock = clock
 
     def start(self, unchecked: int, standing: int) -> None:
         """The store is open; a crash now would walk ``unchecked`` bytes: all of the
@@ -296,19 +287,15 @@ class Checkpointer:
         self.unchecked, self.standing = unchecked, standing
         if self.every_seconds:
             self._ticker.start(self.every_seconds, now=False)
-        if self.every_bytes or self.every_seconds:
-            self._idle.start(IDLE_SECONDS / 2, now=False)
-            if unchecked:
-                self.now()
+        if unchecked and (self.every_bytes or self.every_seconds):
+            self.now()
 
     def stop(self) -> None:
-        for loop in (self._ticker, self._idle):
-            if loop.running:
-                loop.stop()
+        if self._ticker.running:
+            self._ticker.stop()
 
     def wrote(self, size: int) -> None:
         self.unchecked += size
-        self._last_write = self._clock.seconds()
         # not while one is being written: each batch until it is would queue
         # one more behind it; the first batch after it asks again
         if self.every_bytes and self.unchecked >= self.every_bytes and self._pending is None:
@@ -327,14 +314,9 @@ class Checkpointer:
     def rested(self) -> None:
         """The index of every queue at rest is archived (``log_rest``): a checkpoint
         now holds runs alone, a fraction of one written with those queues' dict
-        entries (an idle one, at a burst's end), and a crash restart decodes it
-        in well under a millisecond rather than tens."""
+        entries, and a crash restart decodes it in well under a millisecond
+        rather than tens; its capture makes no temporaries to speak of."""
         if (self.every_bytes or self.every_seconds) and self._pending is None:
-            self.now()
-
-    def _idle_tick(self) -> None:
-        if (self.unchecked >= IDLE_BYTES and self._pending is None
-                and self._clock.seconds() - self._last_write >= IDLE_SECONDS):
             self.now()
 
     def now(self) -> Deferred[bool]:

@@ -487,31 +487,6 @@ def test_a_start_from_the_snapshot_writes_a_checkpoint_at_once(tmp_path):
 
 
 @pytest_twisted.inlineCallbacks
-def test_a_burst_then_quiet_is_checkpointed_once_the_writes_stop(tmp_path):
-    clock = Clock()
-    store = LogStore(tmp_path, clock=clock, checkpoint="64:0", index_at_rest=0)
-    yield store.open()
-
-    def batch(first: int, body: int = 5000) -> Any:
-        return store.apply([(ENQUEUE, message(seq, body=b"x" * body))
-                            for seq in range(first, first + 100)])
-
-    for n in range(5):  # 2.5 MB in a burst: a write every 0.25 s, never idle
-        yield batch(100 * n + 1)
-        clock.advance(0.25)
-        yield store.drain()
-        assert store.checkpoints.written == 0
-    clock.advance(0.25)  # 0.5 s without a write
-    yield store.drain()
-    assert store.checkpoints.written == 1 and store.checkpoints.unchecked == 0
-    yield batch(1001, body=100)  # a trickle, far below IDLE_BYTES: none
-    clock.advance(5)
-    yield store.drain()
-    assert store.checkpoints.written == 1 and store.checkpoints.unchecked > 0
-    yield store.close()
-
-
-@pytest_twisted.inlineCallbacks
 def test_an_index_moved_at_rest_is_checkpointed_as_runs(tmp_path):
     clock = Clock()
     store = LogStore(tmp_path, clock=clock, checkpoint="64:0", index_at_rest=1.0)
