@@ -320,6 +320,8 @@ class LogStore(Compaction):
         index may not match the files."""
         if not self.is_open or self._failure is not None or self._compaction_failed:
             return None
+        if sum(map(len, self._index.messages.values())) > log_checkpoint.CAPTURE_DICT_ENTRIES:
+            return None  # later: right after the dicts are archived (log_checkpoint)
         return log_checkpoint.capture(self._index, self._segments, self._active, self._next_seq)
 
     def _job(self, function: Any, *args: Any) -> Deferred[Any]:

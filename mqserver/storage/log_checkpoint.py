@@ -241,6 +241,16 @@ def write_thd(files: SegmentFiles, path: Path, point: Capture) -> tuple[bool, st
                   f"{len(data)} bytes in {time.perf_counter() - started:.3f} s")
 
 
+CAPTURE_DICT_ENTRIES = 16_384
+"""The most queue dict entries (``SeqIndex``) a checkpoint copies; with more it
+waits.  Each capture of a filling queue's dict (up to ``ARCHIVE_AT``, 262,144)
+and its encoding in the store thread, while the broker packs the backlog,
+left 12-15 MB more RSS at rest for 1M messages; a wait is short: a filling
+queue's dict is archived every 262,144 messages (then a due checkpoint is
+taken at the next batch), and a backlog at rest is archived within seconds
+(``rested``).  The runs cost next to nothing to copy."""
+
+
 class Checkpointer:
     """When the log store writes its checkpoint (reactor thread): after
     ``every_bytes`` written since the last one (``wrote``, for every batch and
@@ -256,7 +266,9 @@ class Checkpointer:
     store thread while the broker packs the backlog, left 13-15 MB more
     RSS at rest for 1M messages (docs/performance.md).  ``state`` gives the
     capture, or None while the store must not write one (a failed write or
-    compaction, a close).
+    compaction, a close) or it would copy more than ``CAPTURE_DICT_ENTRIES``
+    dict entries: a due one is then asked for again at every batch, tick
+    and rest.
 
     Compaction deleting a segment at or after the standing checkpoint's
     position (``dropped``) writes a new one at once: the records after the

@@ -501,3 +501,20 @@ def test_an_index_moved_at_rest_is_checkpointed_as_runs(tmp_path):
     by_seq = point.index.messages[b"q"]
     assert not by_seq and by_seq.archived_count() == 6000
     yield store.close()
+
+
+@pytest_twisted.inlineCallbacks
+def test_a_due_checkpoint_waits_while_the_dicts_are_big(tmp_path, monkeypatch):
+    monkeypatch.setattr(log_checkpoint, "CAPTURE_DICT_ENTRIES", 100)
+    clock = Clock()
+    store = LogStore(tmp_path, clock=clock, checkpoint="1:5", index_at_rest=0)
+    yield store.open()
+    yield store.apply([(ENQUEUE, message(seq, body=b"x" * 10_000)) for seq in range(1, 121)])
+    clock.advance(5)
+    yield store.drain()  # due by bytes and by the tick, but 120 dict entries
+    assert store.checkpoints.written == 0 and store.checkpoints.unchecked > 1 << 20
+    store._index.messages[b"q"].archive()  # what ARCHIVE_AT or an index at rest does
+    yield store.apply([(ENQUEUE, message(121))])  # the next batch asks again
+    yield store.drain()
+    assert store.checkpoints.written == 1 and store.checkpoints.unchecked == 0
+    yield store.close()
