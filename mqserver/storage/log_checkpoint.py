@@ -62,8 +62,15 @@ from twisted.logger import Logger
 from mqserver.storage import snapshot
 from mqserver.storage.log_index import LogIndex
 from mqserver.storage.log_segment import SegmentFiles
-from mqserver.storage.log_seq_index import HOLES, SeqIndex
-from mqserver.storage.log_snapshot import read_locations, write_locations
+from mqserver.storage.log_seq_index import HOLES
+from mqserver.storage.log_snapshot import (
+    read_live,
+    read_records,
+    read_runs,
+    write_live,
+    write_records,
+    write_runs,
+)
 from mqserver.storage.snapshot_sections import SectionReader, SectionWriter, SnapshotError
 from mqserver.storage.worker import StoreThread
 
@@ -134,24 +141,15 @@ def encode(point: Capture) -> bytes:
     for number, size in point.segments:
         out.u64(number)
         out.u64(size)
-    out.u32(len(point.live))
-    for segment, live in point.live.items():
-        out.u64(segment)
-        out.i64(live)
+    write_live(out, point.live)
     out.u32(len(point.queues))
     for name, last, starts, counts, in_segments, places, holes, seqs, locations in point.queues:
-        out.blob(name)
-        out.i64(last)
-        for column in (starts, counts, in_segments, places, array("q", holes), seqs,
+        write_runs(out, name, last, starts, counts, in_segments, places)
+        for column in (array("q", holes), seqs,
                        array("Q", map(operator.rshift, locations, repeat(64))),
                        array("Q", map(operator.and_, locations, repeat(_PLACE)))):
             out.array(column)
-    write_locations(out, point.declares)
-    for nested in (point.bindings, point.records):
-        out.u32(len(nested))
-        for name, locations in nested.items():
-            out.blob(name)
-            write_locations(out, locations)
+    write_records(out, point.declares, point.bindings, point.records)
     payload = b"".join(out.parts)
     return _HEADER.pack(MAGIC, VERSION, _FLAGS, len(payload), zlib.crc32(payload)) + payload
 
@@ -187,32 +185,17 @@ def _decode(section: SectionReader) -> Checkpoint:
     segment, offset, next_seq = section.u64(), section.u64(), section.u64()
     segments = [(section.u64(), section.u64()) for _ in range(section.count())]
     index = LogIndex()
+    read_live(section, index)
     for _ in range(section.count()):
-        number = section.u64()
-        index.live[number] = section.i64()
-    index.live_total = sum(index.live.values())
-    for _ in range(section.count()):
-        name = section.some_blob()
-        by_seq = index.messages[name] = SeqIndex()
-        by_seq.last = section.i64()
-        by_seq.starts = section.array("q")
-        runs = len(by_seq.starts)
-        by_seq.counts = section.array("I", runs)
-        by_seq.segments = section.array("I", runs)
-        by_seq.places = section.array("Q", runs)
+        name, by_seq = read_runs(section)
+        index.messages[name] = by_seq
         by_seq.holes = set(section.array("q"))
         by_seq.hole_limit = max(HOLES, len(by_seq.holes))
         seqs = section.array("q")
         in_segments, places = section.array("Q", len(seqs)), section.array("Q", len(seqs))
         by_seq.update(zip(seqs, map(operator.or_, map(operator.lshift, in_segments, repeat(64)),
                                     places), strict=True))
-        if runs and by_seq.starts[-1] + by_seq.counts[-1] - 1 > by_seq.last:
-            raise CheckpointError(f"queue {name!r}: its runs go past its last seq")
-    index.declares = read_locations(section)
-    index.bindings = {section.some_blob(): read_locations(section)
-                      for _ in range(section.count())}
-    index.records = {section.some_blob(): read_locations(section)
-                     for _ in range(section.count())}
+    read_records(section, index)
     section.end()
     if not segments or segments[-1] != (segment, offset):
         raise CheckpointError("its position is not the end of its last segment")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import time
+from array import array
 from pathlib import Path
 
 from mqserver.model import Recovered
@@ -65,29 +66,76 @@ def encode(segments: Segments, next_seq: int, index: LogIndex) -> bytes:
         out.u64(size)
         out.u64(mtime)
     out.u64(next_seq)
-    out.u32(len(index.live))
-    for segment, live in index.live.items():
-        out.u64(segment)
-        out.i64(live)
+    write_live(out, index.live)
     out.u32(len(index.messages))
     for queue, by_seq in index.messages.items():
         by_seq.archive()
         if by_seq.holes:
             by_seq.mend()
         first = by_seq.first
-        out.blob(queue)
-        out.i64(by_seq.last)
-        out.array(by_seq.starts[first:])
-        out.array(by_seq.counts[first:])
-        out.array(by_seq.segments[first:])
-        out.array(by_seq.places[first:])
-    write_locations(out, index.declares)
-    for nested in (index.bindings, index.records):
+        write_runs(out, queue, by_seq.last, by_seq.starts[first:], by_seq.counts[first:],
+                   by_seq.segments[first:], by_seq.places[first:])
+    write_records(out, index.declares, index.bindings, index.records)
+    return b"".join(out.parts)
+
+
+# What the log's checkpoint (``log_checkpoint``) writes the same way.
+
+def write_live(out: SectionWriter, live: dict[int, int]) -> None:
+    """Each segment's live bytes (compaction's garbage ratio)."""
+    out.u32(len(live))
+    for segment, count in live.items():
+        out.u64(segment)
+        out.i64(count)
+
+
+def read_live(section: SectionReader, index: LogIndex) -> None:
+    for _ in range(section.count()):
+        segment = section.u64()
+        index.live[segment] = section.i64()
+    index.live_total = sum(index.live.values())
+
+
+def write_runs(out: SectionWriter, queue: bytes, last: int, *runs: array) -> None:
+    """A queue's name, last archived seq and runs (``SeqIndex``'s four arrays)."""
+    out.blob(queue)
+    out.i64(last)
+    for column in runs:
+        out.array(column)
+
+
+def read_runs(section: SectionReader) -> tuple[bytes, SeqIndex]:
+    queue = section.some_blob()
+    by_seq = SeqIndex()
+    by_seq.last = section.i64()
+    by_seq.starts = section.array("q")
+    runs = len(by_seq.starts)
+    by_seq.counts = section.array("I", runs)
+    by_seq.segments = section.array("I", runs)
+    by_seq.places = section.array("Q", runs)
+    if runs and by_seq.starts[-1] + by_seq.counts[-1] - 1 > by_seq.last:
+        raise SnapshotError(f"queue {queue!r}: its index runs past its last seq")
+    return queue, by_seq
+
+
+def write_records(out: SectionWriter, declares: dict[bytes, int],
+                  bindings: dict[bytes, dict[bytes, int]],
+                  records: dict[bytes, dict[bytes, int]]) -> None:
+    """Where the live DECLARE, BIND and PUT records are."""
+    write_locations(out, declares)
+    for nested in (bindings, records):
         out.u32(len(nested))
         for name, locations in nested.items():
             out.blob(name)
             write_locations(out, locations)
-    return b"".join(out.parts)
+
+
+def read_records(section: SectionReader, index: LogIndex) -> None:
+    index.declares = read_locations(section)
+    index.bindings = {section.some_blob(): read_locations(section)
+                      for _ in range(section.count())}
+    index.records = {section.some_blob(): read_locations(section)
+                     for _ in range(section.count())}
 
 
 def write_locations(out: SectionWriter, locations: dict[bytes, int]) -> None:
@@ -110,26 +158,10 @@ def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, i
         raise SnapshotError("stale: the log's segments changed since")
     next_seq = section.u64()
     index = LogIndex()
+    read_live(section, index)
     for _ in range(section.count()):
-        segment = section.u64()
-        index.live[segment] = section.i64()
-    index.live_total = sum(index.live.values())
-    for _ in range(section.count()):
-        queue = section.some_blob()
-        by_seq = index.messages[queue] = SeqIndex()
-        by_seq.last = section.i64()
-        by_seq.starts = section.array("q")
-        runs = len(by_seq.starts)
-        by_seq.counts = section.array("I", runs)
-        by_seq.segments = section.array("I", runs)
-        by_seq.places = section.array("Q", runs)
-        if runs and by_seq.starts[-1] + by_seq.counts[-1] - 1 > by_seq.last:
-            raise SnapshotError("a queue's index runs past its last seq")
-    index.declares = read_locations(section)
-    index.bindings = {section.some_blob(): read_locations(section)
-                      for _ in range(section.count())}
-    index.records = {section.some_blob(): read_locations(section)
-                     for _ in range(section.count())}
+        queue, index.messages[queue] = read_runs(section)
+    read_records(section, index)
     section.end()
     return index, {number: size for number, size, _ in now}, next_seq
 
