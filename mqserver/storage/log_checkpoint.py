@@ -33,11 +33,12 @@ and rolls need nothing here: a capture is taken between batches, and
 compaction's copies and deletes are checked and re-pointed by the walk.
 
 **Cost.**  ``capture`` copies the index on the reactor thread (the runs'
-arrays, each dict's keys and values, in C: a few milliseconds for a million
-messages, most of it a queue's unarchived dict entries, up to ``ARCHIVE_AT``);
-``encode`` and the file writes run in the store thread.  The store writes one
-after ``every_bytes`` written since the last, and ``every_seconds`` after a
-write otherwise (``Checkpointer``; ``--log-checkpoint``, docs/operations.md).
+arrays, and each queue's dict entries, in C; at most ``CAPTURE_DICT_ENTRIES``
+of those, so under a millisecond); ``encode`` and the file writes run in the
+store thread.  The store writes one after ``every_bytes`` written since the
+last, ``every_seconds`` after a write otherwise, at every start and once an
+index at rest is archived (``Checkpointer``; ``--log-checkpoint``,
+docs/operations.md).
 """
 
 from __future__ import annotations
