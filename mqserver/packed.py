@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from array import array
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from itertools import accumulate, pairwise, repeat
 from typing import Any, NamedTuple
 
@@ -417,6 +417,21 @@ def expiries(messages: Iterable[Message]) -> list[float]:
         messages = messages.tail
     times += [m.expires_at for m in messages if m.expires_at is not None]
     return times
+
+
+def packing_queue(queues: dict[bytes, RecoveredQueue]) -> Callable[[bytes], RecoveredQueue]:
+    """A store's replay's ``queue(name)``: the queue in ``queues``, made with an
+    empty ``Backlog`` the first time, so its rows are packed as they are read
+    (a million rows never become a million objects at once: memory the
+    allocator would keep)."""
+
+    def queue(name: bytes) -> RecoveredQueue:
+        rq = queues.get(name)
+        if rq is None:
+            rq = queues[name] = RecoveredQueue(name, messages=Backlog())
+        return rq
+
+    return queue
 
 
 def share_recovered_values(queues: Iterable[RecoveredQueue]) -> None:

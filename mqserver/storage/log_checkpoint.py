@@ -272,6 +272,10 @@ class Checkpointer:
         self._ticker = LoopingCall(self._tick)
         self._ticker.clock = clock
 
+    @property
+    def enabled(self) -> bool:
+        return bool(self.every_bytes or self.every_seconds)
+
     def start(self, unchecked: int, standing: int) -> None:
         """The store is open; a crash now would walk ``unchecked`` bytes: all of the
         log after a start from the clean-shutdown snapshot, what the recovery
@@ -283,7 +287,7 @@ class Checkpointer:
         self.unchecked, self.standing = unchecked, standing
         if self.every_seconds:
             self._ticker.start(self.every_seconds, now=False)
-        if unchecked and (self.every_bytes or self.every_seconds):
+        if unchecked and self.enabled:
             self.now()
 
     def stop(self) -> None:
@@ -299,7 +303,7 @@ class Checkpointer:
 
     def dropped(self, segment: int) -> None:
         """Compaction deleted ``segment``."""
-        if (self.every_bytes or self.every_seconds) and self.standing is not None \
+        if self.enabled and self.standing is not None \
                 and segment >= self.standing:
             self.now()
 
@@ -312,7 +316,7 @@ class Checkpointer:
         now holds runs alone, a fraction of one written with those queues' dict
         entries, and a crash restart decodes it in well under a millisecond
         rather than tens; its capture makes no temporaries to speak of."""
-        if (self.every_bytes or self.every_seconds) and self._pending is None:
+        if self.enabled and self._pending is None:
             self.now()
 
     def now(self) -> Deferred[bool]:

@@ -58,7 +58,7 @@ from zope.interface import implementer
 
 from mqserver.interfaces import IMessageStore
 from mqserver.model import Message, QueueOptions, Recovered, RecoveredQueue
-from mqserver.packed import Backlog, share_recovered_values
+from mqserver.packed import packing_queue, share_recovered_values
 from mqserver.storage.errors import SessionLostError, StoreClosedError, StoreLockedError
 from mqserver.storage.postgres_batch import (
     MESSAGE_COLUMNS,
@@ -282,14 +282,7 @@ class PostgresStore:
     def _load_thd(self, conn: psycopg.Connection[Any]) -> Recovered:
         recovered = Recovered()
         queues = recovered.queues
-
-        def queue(name: bytes) -> RecoveredQueue:
-            rq = queues.get(name)
-            if rq is None:
-                # packed as it is read: a million rows never become a
-                # million objects at once
-                rq = queues[name] = RecoveredQueue(name, messages=Backlog())
-            return rq
+        queue = packing_queue(queues)
 
         with conn.transaction(), conn.cursor(binary=True) as cur:
             # one snapshot for every read: nothing else writes while we hold

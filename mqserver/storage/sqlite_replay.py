@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import fields
 
 from mqserver.model import QueueOptions, Recovered, RecoveredQueue
-from mqserver.packed import Backlog, share_recovered_values
+from mqserver.packed import Backlog, packing_queue, share_recovered_values
 from mqserver.storage.sqlite_chunks import ChunkReader
 from mqserver.storage.sqlite_rows import RowShape, read_messages_thd, read_span_thd
 
@@ -60,14 +60,7 @@ def recover_thd(conn: sqlite3.Connection, reader: ChunkReader) -> Recovered:
     after a crash (``sqlite``'s module docstring)."""
     recovered = Recovered()
     queues = recovered.queues
-
-    def queue(name: bytes) -> RecoveredQueue:
-        rq = queues.get(name)
-        if rq is None:
-            # packed as it is read: a million rows never become a million
-            # objects at once (memory the allocator would keep)
-            rq = queues[name] = RecoveredQueue(name, messages=Backlog())
-        return rq
+    queue = packing_queue(queues)
 
     for name, *values in conn.execute(_QUEUES):
         options = dict(zip(_OPTIONS, values, strict=True))
