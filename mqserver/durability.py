@@ -24,6 +24,7 @@ The hypothesis state machine that drives a real broker over a real store is
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -147,6 +148,7 @@ def check_recovered(recovered: Recovered, expected: State, broker_next_seq: int,
     if got != expected:
         raise AssertionError(f"{when}: the store recovered another state\n"
                              + difference(expected, got))
+    check_expiries(recovered, when)
     seqs = [message[_SEQ]
             for queue in got.queues.values() for message in queue.messages]
     if seqs and recovered.next_seq <= max(seqs):
@@ -154,6 +156,19 @@ def check_recovered(recovered: Recovered, expected: State, broker_next_seq: int,
     if recovered.next_seq > broker_next_seq:
         raise AssertionError(f"{when}: next_seq {recovered.next_seq} is past the broker's "
                              f"{broker_next_seq}")
+
+
+def check_expiries(recovered: Recovered, when: str) -> None:
+    """Raise ``AssertionError`` unless each recovered chunk tells its first expiry:
+    the TTL sweep looks at nothing else (``PackedReady.take_expired``), and a
+    chunk a store decodes later tells none, so one with a TTL must not be one."""
+    for name, rq in recovered.queues.items():
+        for chunk in getattr(rq.messages, "chunks", ()):
+            first = min((m.expires_at for m in chunk.unpack() if m.expires_at is not None),
+                        default=math.inf)
+            if chunk.first_expiry != first:
+                raise AssertionError(f"{when}: a chunk of queue {name!r} says its first "
+                                     f"message expires at {chunk.first_expiry}, not {first}")
 
 
 def snapshot_op(op: tuple[Any, ...]) -> tuple[Any, ...]:

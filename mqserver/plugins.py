@@ -225,14 +225,16 @@ class LogStoragePlugin:
         import os
 
         from mqserver.storage.log import LogStore
+        from mqserver.storage.log_rest import LOOKS_PER_PACK
 
         return LogStore(
             os.path.join(config.get("data-dir", "data"), "log"),
             reactor,
             fsync=str(config.get("fsync", "interval:50")),
             segment_bytes=int(config.get("log-segment-mb", 64)) * 1024 * 1024,
-            # a backlog at rest: its index goes to runs as the broker packs it
-            index_at_rest=float(config.get("pack-at-rest", 1.0)),
+            # a backlog at rest: its index goes to runs (and a checkpoint
+            # follows) sooner than the broker packs it
+            index_at_rest=float(config.get("pack-at-rest", 1.0)) / LOOKS_PER_PACK,
             checkpoint=str(config.get("log-checkpoint", "64:5")),
         )
 

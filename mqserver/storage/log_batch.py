@@ -66,6 +66,7 @@ def encode_batch(
                 ))
             else:
                 payload = encode(op)
+                index.expiring(message)
         elif kind == REMOVE:
             payload = remove_head(k_remove, op[2]) + op[1]
         else:

@@ -79,7 +79,7 @@ log = Logger()
 
 FILENAME = "checkpoint"
 MAGIC = b"MQLOGCKP"
-VERSION = 1
+VERSION = 2  # 2: ``LogIndex.ttl_seq`` (version 1 was never released)
 _HEADER = struct.Struct("<8sHHQI")  # magic, version, flags, payload length, crc32(payload)
 _BIG_ENDIAN = 1
 _FLAGS = _BIG_ENDIAN if sys.byteorder == "big" else 0
@@ -111,6 +111,7 @@ class Capture:
     segment: int
     offset: int
     next_seq: int
+    ttl_seq: int
     segments: list[tuple[int, int]]  # (number, size), oldest first
     live: dict[int, int]
     queues: list[tuple[Any, ...]]  # name, last, the runs' 4 arrays, holes, dict keys, values
@@ -127,7 +128,8 @@ def capture(index: LogIndex, segments: dict[int, int], active: int, next_seq: in
         queues.append((name, by_seq.last, by_seq.starts[first:], by_seq.counts[first:],
                        by_seq.segments[first:], by_seq.places[first:], list(by_seq.holes),
                        array("q", by_seq), list(by_seq.values())))
-    return Capture(active, segments[active], next_seq, list(segments.items()), dict(index.live),
+    return Capture(active, segments[active], next_seq, index.ttl_seq, list(segments.items()),
+                   dict(index.live),
                    queues, dict(index.declares),
                    {name: dict(events) for name, events in index.bindings.items()},
                    {name: dict(keys) for name, keys in index.records.items()})
@@ -136,7 +138,7 @@ def capture(index: LogIndex, segments: dict[int, int], active: int, next_seq: in
 def encode(point: Capture) -> bytes:
     """The checkpoint file: header, then one checksummed payload (store thread)."""
     out = SectionWriter()
-    for value in (point.segment, point.offset, point.next_seq):
+    for value in (point.segment, point.offset, point.next_seq, point.ttl_seq):
         out.u64(value)
     out.u32(len(point.segments))
     for number, size in point.segments:
@@ -183,9 +185,11 @@ def decode(data: bytes) -> Checkpoint:
 
 
 def _decode(section: SectionReader) -> Checkpoint:
-    segment, offset, next_seq = section.u64(), section.u64(), section.u64()
+    segment, offset, next_seq, ttl_seq = (section.u64(), section.u64(), section.u64(),
+                                          section.u64())
     segments = [(section.u64(), section.u64()) for _ in range(section.count())]
     index = LogIndex()
+    index.ttl_seq = ttl_seq
     read_live(section, index)
     for _ in range(section.count()):
         name, by_seq = read_runs(section)

@@ -53,6 +53,8 @@ def recover_thd(files: SegmentFiles, path: Path,
         gone, tail = _check_segments(files, point)
         replay = Replay()
         replay.index, replay.next_seq = point.index, point.next_seq
+        # what came after it is walked, and what it knows has no TTL is not read
+        replay.plain = range(point.index.ttl_seq + 1, point.next_seq)
         result = RecoveryResult(Recovered(), replay.index, {}, replay.next_seq)
         # the position's segment, from the position; or, once compaction deleted
         # it, every segment left, all of them after it

@@ -61,6 +61,15 @@ class LogIndex:
         self.records: dict[bytes, dict[bytes, int]] = {}  # namespace -> key -> loc of PUT
         self.live: dict[int, int] = {}  # segment -> live bytes
         self.live_total = 0
+        # no live message with a TTL has a seq above this one (``expiring``): a
+        # checkpoint's restart reads no flags between it and the checkpoint's
+        # next seq (``log_chunks.expiring_seqs``)
+        self.ttl_seq = 0
+
+    def expiring(self, message: Any) -> None:
+        """``message`` (ENQUEUE, REQUEUE) is written: mark it if it has a TTL."""
+        if message.expires_at is not None and message.seq > self.ttl_seq:
+            self.ttl_seq = message.seq
 
     def _add(self, location: int) -> None:
         segment, size = location >> 64, location & 0xFFFFFFFF
@@ -83,10 +92,12 @@ class LogIndex:
         kind = op[0]
         if kind == ENQUEUE:
             self.put_message(op[1].queue, op[1].seq, location)
+            self.expiring(op[1])
         elif kind == REMOVE:
             self.remove_message(op[1], op[2])
         elif kind == REQUEUE:
             self.requeue(op[1].queue, op[2], op[1].seq, location)
+            self.expiring(op[1])
         elif kind == DECLARE:
             self.declare(op[1], location)
         elif kind == BIND:

@@ -98,6 +98,7 @@ class Replay:
         self.records: dict[bytes, dict[bytes, bytes]] = {}
         self.next_seq = 1
         self.walked = 0  # records of the batches applied (not their COMMITs)
+        self.plain = range(0)  # seqs known to have no TTL (``log_chunks.expiring_seqs``)
 
     def apply(self, op: tuple[Any, ...], location: int) -> None:
         """One op, as ``replay_op`` gives it (messages by queue and seq only)."""
@@ -256,11 +257,14 @@ class Replay:
             records={ns: dict(values) for ns, values in self.records.items() if values},
         )
         size, lock = Backlog.chunk_size, threading.Lock()
+        self.index.ttl_seq = 0  # the newest live one with a TTL, found below
         for name in self.index.queue_names():
             by_seq = self.index.messages.get(name)
             backlog = Backlog()
             blocks = iter(()) if by_seq is None else by_seq.blocks(size)
-            expiring = [] if by_seq is None else expiring_seqs(segments, by_seq)
+            expiring = [] if by_seq is None else expiring_seqs(segments, by_seq, self.plain)
+            if expiring and expiring[-1] > self.index.ttl_seq:
+                self.index.ttl_seq = expiring[-1]
             for first, last, seqs, locations in blocks:
                 if len(seqs) == size and not any_within(expiring, first, last):
                     # decoded once the broker serves (``log_chunks``)
@@ -336,7 +340,7 @@ def walk_thd(files: SegmentFiles, replay: Replay, result: RecoveryResult, number
             result.notes.append(("error", f"log segment(s) {gap} missing from {files.directory}: "
                                           "their records are lost; recovering the others"))
         previous = number
-        data = files.read_thd(number)
+        data = files.map_thd(number)
         try:
             header_number, header_next = records.decode_header(data)
             if header_number != number:
@@ -362,11 +366,12 @@ def walk_thd(files: SegmentFiles, replay: Replay, result: RecoveryResult, number
         result.walked += max(0, len(data) - first)
         if end < len(data):
             if newest:
+                torn = len(data) - end
+                data = data[:end]  # read, not mapped: nothing may touch a mapping past the end
                 files.truncate_thd(number, end)
-                result.truncated += len(data) - end
+                result.truncated += torn
                 result.notes.append(("warn", f"log segment {number}: torn tail of "
-                                             f"{len(data) - end} bytes truncated at offset {end}"))
-                data = data[:end]
+                                             f"{torn} bytes truncated at offset {end}"))
             else:
                 result.notes.append(("warn", f"log segment {number}: {len(data) - end} bytes "
                                              "after its last complete batch ignored"))

@@ -30,8 +30,15 @@ SLICE = 16_384
 """Entries moved per reactor turn (about 5 ms)."""
 LEAST = 4096
 """Dict entries a queue must hold to be moved at rest (less than half a megabyte)."""
-QUIET = 1024
+QUIET = 256
 """A dict that changed by fewer entries than this in an interval is at rest."""
+LOOKS_PER_PACK = 4
+"""Looks per interval of the broker's packing at rest (``--pack-at-rest``, 1 s):
+a quarter second apart, so a backlog's index is archived 0.25-0.5 s after its
+last write, and the checkpoint that follows (``Checkpointer.rested``) is what
+a crash restart walks from; at 1 s apart it came 1-2 s after, and a crash
+in between walked up to ``ARCHIVE_AT`` records from the last one (0.5 s).
+A look is a ``len`` per queue."""
 
 
 class IndexAtRest:

@@ -25,7 +25,8 @@ from mqserver.storage.errors import StoreLockedError
 SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 
 Data = bytes | mmap.mmap
-"""A segment's contents as recovery holds them: read (``read_thd``) or mapped (``map_thd``)."""
+"""A segment's contents as recovery holds them: mapped (``map_thd``), or a torn
+tail's copy cut short (``log_recovery.walk_thd``)."""
 
 
 def segment_name(number: int) -> str:
@@ -160,15 +161,16 @@ class SegmentFiles:
 
     # -- reading -------------------------------------------------------------
 
-    def read_thd(self, number: int) -> bytes:
-        return self.path(number).read_bytes()
-
     def map_thd(self, number: int) -> Data:
-        """A sealed segment's bytes, mapped rather than read: a restart from the
-        checkpoint decodes its live messages from it later, one chunk at a
-        time, and reading 64 MiB segments whole was 0.1 s of a 1M-message
-        start.  Only for segments nothing writes or truncates again (sealed
-        ones: compaction deletes them whole, which leaves a mapping valid)."""
+        """A segment's bytes, mapped rather than read: a restart decodes its live
+        messages from it later, one chunk at a time, and reading 64 MiB
+        segments whole was 0.1 s of a 1M-message start (and reading the active
+        one, to walk the little after a checkpoint, 30 ms).  Only for segments
+        nothing truncates below the length mapped: sealed ones (compaction
+        deletes them whole, which leaves a mapping valid) and the active one,
+        which the store only appends to after its recovery; a mapping covers
+        the length it was made with, so appends do not touch it.  The
+        recovery cuts a torn tail off a copy (``log_recovery.walk_thd``)."""
         with open(self.path(number), "rb") as f:
             try:
                 return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)

@@ -158,6 +158,7 @@ def decode(section: SectionReader, now: Segments) -> tuple[LogIndex, dict[int, i
         raise SnapshotError("stale: the log's segments changed since")
     next_seq = section.u64()
     index = LogIndex()
+    index.ttl_seq = next_seq  # the section does not say which have a TTL: any may
     read_live(section, index)
     for _ in range(section.count()):
         queue, index.messages[queue] = read_runs(section)

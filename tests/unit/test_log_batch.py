@@ -91,7 +91,8 @@ def general(ops: list[tuple[Any, ...]], index: LogIndex, segment: int, start: in
 def state(index: LogIndex) -> tuple[Any, ...]:
     """Everything the index holds; a segment at 0 live bytes is the same as none."""
     live = {segment: size for segment, size in index.live.items() if size}
-    return index.messages, index.declares, index.bindings, index.records, live, index.live_total
+    return (index.messages, index.declares, index.bindings, index.records, live, index.live_total,
+            index.ttl_seq)
 
 
 def filled(earlier: list[tuple[Any, ...]]) -> LogIndex:

@@ -17,7 +17,7 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock
 from twisted.internet.threads import blockingCallFromThread, deferToThread
 
-from mqserver.durability import recovered_state
+from mqserver.durability import check_expiries, recovered_state
 from mqserver.model import (
     BIND,
     DECLARE,
@@ -30,6 +30,7 @@ from mqserver.model import (
     UNBIND,
     QueueOptions,
 )
+from mqserver.packed import Backlog
 from mqserver.storage import log_checkpoint, log_index
 from mqserver.storage import log_records as records
 from mqserver.storage.log import LogStore
@@ -39,13 +40,15 @@ from mqserver.testing import message
 QUEUES = st.sampled_from([b"q", b"q", b"r"])
 SEQS = st.integers(1, 60)
 BODIES = st.sampled_from([b"", b"body", b"x" * 300])
+TTLS = st.sampled_from([None, None, None, 9e9])
 OPS = st.one_of(
-    st.builds(lambda q, s, b: (ENQUEUE, message(s, queue=q, body=b)), QUEUES, SEQS, BODIES),
+    st.builds(lambda q, s, b, t: (ENQUEUE, message(s, queue=q, body=b, expires_at=t)), QUEUES,
+              SEQS, BODIES, TTLS),
     st.builds(lambda q, s, b: (ENQUEUE, message(s, queue=q, body=b)), QUEUES, SEQS, BODIES),
     st.builds(lambda q, s: (REMOVE, q, s), QUEUES, SEQS),
     st.builds(lambda q, s: (REMOVE, q, s), QUEUES, SEQS),
-    st.builds(lambda q, s, old: (REQUEUE, message(s, queue=q, retry=1), old), QUEUES, SEQS,
-              SEQS),
+    st.builds(lambda q, s, old, t: (REQUEUE, message(s, queue=q, retry=1, expires_at=t), old),
+              QUEUES, SEQS, SEQS, TTLS),
     st.builds(lambda q, n: (DECLARE, q, QueueOptions(max_length=n)), QUEUES, st.integers(1, 9)),
     st.builds(lambda q, e: (BIND, q, e), QUEUES, st.sampled_from([b"a", b"b.*"])),
     st.builds(lambda q, e: (UNBIND, q, e), QUEUES, st.sampled_from([b"a", b"b.*"])),
@@ -78,7 +81,8 @@ def index_of(store: LogStore) -> tuple[Any, ...]:
             dict(index.declares),
             {name: dict(events) for name, events in index.bindings.items() if events},
             {name: dict(keys) for name, keys in index.records.items() if keys},
-            {segment: live for segment, live in index.live.items() if live}, index.live_total)
+            {segment: live for segment, live in index.live.items() if live}, index.live_total,
+            index.ttl_seq)
 
 
 @inlineCallbacks
@@ -105,6 +109,7 @@ def check_against_a_full_replay(path: Path, used: bool, compacted_past: bool = F
             assert (store.recovery.checkpoint is not None) == used, notes
         assert from_checkpoint.recovery.checkpoint is None
         assert recovered_state(recovered) == recovered_state(replayed)
+        check_expiries(recovered, "from the checkpoint")
         assert recovered.next_seq == replayed.next_seq
         assert seen == (index_of(from_checkpoint), from_checkpoint._segments)
     finally:
@@ -160,11 +165,13 @@ def test_a_checkpoint_and_its_tail_recover_what_a_full_replay_does(tmp_path, mon
                                                                     archive_at):
     """Random batches (every op kind, small segments: rolls and compaction; each
     queue declared as a broker declares it) with checkpoints between them; with
-    ``ARCHIVE_AT`` 4 the index holds runs and holes.
+    ``ARCHIVE_AT`` 4 the index holds runs and holes.  Chunks of 4 messages: a
+    replay's decoded later unless one has a TTL (``check_expiries``).
     More examples: ``MQSERVER_CHECKPOINT_EXAMPLES`` (40 by default)."""
     from twisted.internet import reactor
 
     monkeypatch.setattr(log_index, "ARCHIVE_AT", archive_at)
+    monkeypatch.setattr(Backlog, "chunk_size", 4)
     counter = itertools.count()
 
     @settings(max_examples=int(os.environ.get("MQSERVER_CHECKPOINT_EXAMPLES", 40)), deadline=None, suppress_health_check=list(HealthCheck),

@@ -125,12 +125,14 @@ def test_a_chunk_that_does_not_decode_is_withheld_before_it_is_read(tmp_path: Pa
 
 @given(st.lists(st.tuples(st.booleans(), st.booleans(), st.booleans()), min_size=1,
                 max_size=30),
-       st.sets(st.integers(1, 30)), st.integers(0, 30))
-def test_expiring_seqs_reads_runs_and_single_entries(frames, removed, fresh):
+       st.sets(st.integers(1, 30)), st.integers(0, 30), st.integers(1, 31), st.integers(0, 31))
+def test_expiring_seqs_reads_runs_and_single_entries(frames, removed, fresh, plain_from, plain_to):
     """Frames one after the other (ENQUEUE or REQUEUE, with a TTL or not, ids of
     one or two lengths: runs, and kinds mixed within a size), archived but for
     the last ``fresh``, some removed (holes, ends): the seqs with a TTL are
-    those whose flags byte says so."""
+    those whose flags byte says so, but for those ``plain`` (known to have no
+    TTL, as a checkpoint knows them): their flags are not read."""
+    plain = range(plain_from, plain_to)
     data, by_seq = bytes(5), SeqIndex()
     for seq, (requeue, ttl, long_id) in enumerate(frames, start=1):
         kind = records.K_REQUEUE if requeue else records.K_ENQUEUE
@@ -145,8 +147,8 @@ def test_expiring_seqs_reads_runs_and_single_entries(frames, removed, fresh):
         if by_seq.pop(seq, None) is None and seq <= by_seq.last:
             by_seq.take(seq)
     expected = [seq for seq, location in by_seq.everything()
-                if data[head_at(data, location)[0] + 28] & 1]
-    found = expiring_seqs({3: data}, by_seq)
+                if data[head_at(data, location)[0] + 28] & 1 and seq not in plain]
+    found = expiring_seqs({3: data}, by_seq, plain)
     assert found == expected
     assert any_within(found, 1, len(frames)) == bool(expected)
     for seq in expected:

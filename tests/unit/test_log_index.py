@@ -5,8 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from mqserver.model import ENQUEUE, REQUEUE
 from mqserver.storage import log_index
 from mqserver.storage.log_index import LogIndex, loc
+from mqserver.testing import message
 
 
 @settings(max_examples=200, deadline=None)
@@ -44,3 +46,16 @@ def test_an_archived_index_answers_as_a_plain_dict_would(ops, archive_at):
     finally:
         log_index.ARCHIVE_AT = original
 
+
+
+def test_ttl_seq_is_the_newest_seq_written_with_a_ttl():
+    """``ttl_seq`` bounds the seqs whose flags a checkpoint's restart reads
+    (``log_chunks.expiring_seqs``): raised by a message with a TTL, enqueued
+    or requeued, never lowered (an older seq written again, one without)."""
+    index = LogIndex()
+    index.apply_op((ENQUEUE, message(3, expires_at=9e9)), loc(1, 16, 16))
+    index.apply_op((ENQUEUE, message(5)), loc(1, 32, 16))
+    assert index.ttl_seq == 3
+    index.apply_op((REQUEUE, message(8, expires_at=9e9), 3), loc(1, 48, 16))
+    index.apply_op((ENQUEUE, message(2, expires_at=9e9)), loc(1, 64, 16))
+    assert index.ttl_seq == 8
