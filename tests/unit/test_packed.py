@@ -4,8 +4,18 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from mqserver.model import Message, RecoveredQueue
-from mqserver.packed import CHUNK, Backlog, Chunk, expiries, share_recovered_values
+from mqserver.packed import (
+    CHECK_SWITCH_INTERVAL,
+    CHUNK,
+    Backlog,
+    Chunk,
+    check_thd,
+    expiries,
+    share_recovered_values,
+)
 
 
 def _messages(first: int, count: int, **fields) -> list[Message]:
@@ -94,3 +104,28 @@ def test_parts_give_back_the_same_chunk():
         assert theirs._replace(expires=None) == mine._replace(expires=None)
         assert (theirs.expires is None) == (mine.expires is None)
         assert mine.expires is None or theirs.expires.tobytes() == mine.expires.tobytes()
+
+
+def test_the_check_thread_keeps_the_reactors_waits_for_the_gil_short():
+    """While ``check_thd`` decodes (a log replay's chunks hold the GIL) the switch
+    interval is short, and it is the process's own again after, raised or not."""
+    seen = []
+
+    class Recorded:
+        def check(self) -> None:
+            seen.append(sys.getswitchinterval())
+
+    interval = sys.getswitchinterval()
+    try:
+        check_thd([Recorded(), Recorded()])
+        assert seen == [CHECK_SWITCH_INTERVAL] * 2 and sys.getswitchinterval() == interval
+
+        class Fails(Recorded):
+            def check(self) -> None:
+                raise ValueError("damaged")
+
+        with pytest.raises(ValueError):
+            check_thd([Fails()])
+        assert sys.getswitchinterval() == interval
+    finally:
+        sys.setswitchinterval(interval)
