@@ -9,12 +9,15 @@ the server and stopped after it.
 
 from __future__ import annotations
 
+import compileall
+import functools
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
+import mqserver
 from bench import database
 from bench.proc import Server
 from mqserver.journal.sink import QUIET
@@ -48,6 +51,7 @@ def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
     options (``bench.idle``: ``--max-connections``).
     """
     workdir.mkdir(parents=True, exist_ok=True)
+    compiled()
     twistd = os.path.join(os.path.dirname(sys.executable), "twistd")
     any_port = "tcp:0:interface=127.0.0.1"
     argv = [*wrapper, sys.executable, twistd, "-n", "--pidfile=", "mqserver",
@@ -75,6 +79,15 @@ def start_mqserver(storage: str, workdir: Path, wrapper: tuple[str, ...] = (),
         raise
     server.ports = {m.group(1): int(m.group(2)) for m in matches}
     return server
+
+
+@functools.cache
+def compiled() -> None:
+    """mqserver's modules compiled to bytecode once, as pip leaves an installed
+    package: a start-up is timed as a deployed server's.  A checkout with
+    PYTHONDONTWRITEBYTECODE set, or sources newer than their ``.pyc``, made
+    every start compile about 90 modules again (90 ms of a 0.3 s start)."""
+    compileall.compile_dir(os.path.dirname(mqserver.__file__), quiet=2)
 
 
 def settle_journal(journal: Path, still: float = QUIET + 0.5) -> None:
