@@ -23,7 +23,7 @@ from mqserver.testing import RecordingSink
 # once failed on an example no earlier run had drawn); HYPOTHESIS_PROFILE=explore
 # draws fresh ones each run (docs/operations.md, "Property tests").  No
 # deadline: an example's time is not what a property test checks (an HTTP
-# codec property failed once on a loaded 2-core machine and passed when rerun
+# codec property failed once on a 2-core build machine and passed when rerun
 # unchanged; hypothesis's default 200 ms deadline is its one timing check).
 settings.register_profile("repeatable", derandomize=True, deadline=None)
 settings.register_profile("explore", derandomize=False, deadline=None)
