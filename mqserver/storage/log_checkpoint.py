@@ -129,8 +129,7 @@ def capture(index: LogIndex, segments: dict[int, int], active: int, next_seq: in
                        by_seq.segments[first:], by_seq.places[first:], list(by_seq.holes),
                        array("q", by_seq), list(by_seq.values())))
     return Capture(active, segments[active], next_seq, index.ttl_seq, list(segments.items()),
-                   dict(index.live),
-                   queues, dict(index.declares),
+                   dict(index.live), queues, dict(index.declares),
                    {name: dict(events) for name, events in index.bindings.items()},
                    {name: dict(keys) for name, keys in index.records.items()})
 
